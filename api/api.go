@@ -1,0 +1,159 @@
+// Package api is the local API between a weft router and the programs on its
+// node that change state: the CNI plugin, and later `weft rmpeer`. It is HTTP
+// over a unix socket (mode 0600), so only root on the node can use it.
+//
+// This file holds the wire types and the validation both sides share; client.go
+// is the client the plugin uses.
+package api
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Paths of the local API. All bodies are JSON.
+const (
+	PathIP    = "/v1/ip"    // POST: allocate (idempotent); GET: look up; DELETE: release
+	PathGC    = "/v1/gc"    // POST: release everything not listed
+	PathReady = "/v1/ready" // GET: 200 when the peer can attach pods, 503 with a reason otherwise
+)
+
+// Limits on identifiers, as the CNI spec and container runtimes use them.
+const (
+	MaxContainerIDLen = 256 // runtimes use 64 hex characters; leave room for others
+	MaxIfNameLen      = 15  // IFNAMSIZ - 1
+)
+
+// Attachment names one network attachment of one container: the key of an
+// allocation. The same attachment always gets the same address.
+type Attachment struct {
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifName"`
+}
+
+func (a Attachment) String() string { return a.ContainerID + "/" + a.IfName }
+
+// Validate says what is wrong with an attachment, in words an operator can act on.
+func (a Attachment) Validate() error {
+	if err := ValidateContainerID(a.ContainerID); err != nil {
+		return err
+	}
+	return ValidateIfName(a.IfName)
+}
+
+// ValidateContainerID checks a container id as the CNI spec defines it:
+// non-empty, at most MaxContainerIDLen, alphanumerics plus '_', '.' and '-'
+// after an alphanumeric first character.
+func ValidateContainerID(id string) error {
+	if id == "" {
+		return errors.New("container id is empty: the runtime must set CNI_CONTAINERID")
+	}
+	if len(id) > MaxContainerIDLen {
+		return fmt.Errorf("container id is %d characters long, more than the %d allowed", len(id), MaxContainerIDLen)
+	}
+	for i, c := range id {
+		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+		if i == 0 && !alnum {
+			return fmt.Errorf("container id %q must start with a letter or digit", id)
+		}
+		if !alnum && c != '_' && c != '.' && c != '-' {
+			return fmt.Errorf("container id %q has the character %q; only letters, digits, '_', '.' and '-' are allowed", id, c)
+		}
+	}
+	return nil
+}
+
+// ValidateIfName checks an interface name as Linux accepts it.
+func ValidateIfName(name string) error {
+	switch {
+	case name == "":
+		return errors.New("interface name is empty: the runtime must set CNI_IFNAME")
+	case len(name) > MaxIfNameLen:
+		return fmt.Errorf("interface name %q is longer than %d characters", name, MaxIfNameLen)
+	case name == "." || name == "..":
+		return fmt.Errorf("interface name %q is not allowed", name)
+	case strings.ContainsAny(name, "/: \t\n"):
+		return fmt.Errorf("interface name %q contains '/', ':' or white space", name)
+	}
+	return nil
+}
+
+// AllocateRequest asks for the address of an attachment. Netns and the pod
+// fields are informational (logs, status); the key is the attachment.
+type AllocateRequest struct {
+	Attachment
+	Netns        string `json:"netns,omitempty"`
+	PodNamespace string `json:"podNamespace,omitempty"`
+	PodName      string `json:"podName,omitempty"`
+}
+
+// Allocation is the answer to an allocation or a look-up: everything the plugin
+// needs to wire the pod, so that its config names only the socket.
+type Allocation struct {
+	Attachment
+	// Address is the pod's address with the prefix length of the pod network,
+	// e.g. "10.32.0.5/12".
+	Address string `json:"address"`
+	// Gateway is the bridge's address, the pod's default gateway.
+	Gateway string `json:"gateway"`
+	// Bridge is the name of the bridge the host end of the veth joins.
+	Bridge string `json:"bridge"`
+	// MTU is the pod interface MTU.
+	MTU int `json:"mtu"`
+	// New is false when the attachment already held this address (a repeated ADD).
+	New bool `json:"new"`
+}
+
+// ReleaseResponse says whether a release freed an address; releasing an
+// attachment that holds none succeeds with Released false.
+type ReleaseResponse struct {
+	Released bool   `json:"released"`
+	Address  string `json:"address,omitempty"`
+}
+
+// GCRequest lists the attachments that are still valid; every other
+// allocation of this node is released.
+type GCRequest struct {
+	Valid []Attachment `json:"valid"`
+}
+
+// GCResponse lists what GC released.
+type GCResponse struct {
+	Released []Allocation `json:"released"`
+}
+
+// Readiness is the body of PathReady.
+type Readiness struct {
+	Ready  bool   `json:"ready"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// Error codes of ErrorBody.
+const (
+	CodeInvalid   = "invalid"   // the request was wrong; retrying will not help
+	CodeNotReady  = "not-ready" // the peer cannot serve yet; try again later
+	CodeExhausted = "exhausted" // no free address in the space this peer owns or can get
+	CodeNotFound  = "not-found" // no allocation for that attachment
+	CodeInternal  = "internal"
+)
+
+// ErrorBody is the JSON body of every non-2xx answer.
+type ErrorBody struct {
+	Code    string `json:"code"`
+	Message string `json:"error"`
+}
+
+// Error is what the client returns for a non-2xx answer.
+type Error struct {
+	Status int
+	ErrorBody
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// IsCode reports whether err is an *Error with the given code.
+func IsCode(err error, code string) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Code == code
+}

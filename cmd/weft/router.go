@@ -1,0 +1,90 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/weft-net/weft/router"
+)
+
+// routerFlags binds every router option to fs.
+func routerFlags(fs *flag.FlagSet, c *router.Config) {
+	host, _ := os.Hostname()
+	c.Nickname = host
+	fs.StringVar(&c.Name, "name", c.Name, "peer name (default: the one persisted in --state-dir, made at first start)")
+	fs.StringVar(&c.Nickname, "nickname", c.Nickname, "human-friendly peer name shown in status")
+	fs.StringVar(&c.Host, "host", c.Host, "underlay IPv4 address to advertise (default: the address of the default route's interface)")
+	fs.IntVar(&c.Port, "port", c.Port, "gossip port (TCP and UDP)")
+	fs.IntVar(&c.DataPort, "data-port", c.DataPort, "encapsulated data port (UDP)")
+	fs.StringVar(&c.Peers, "peers", c.Peers, "comma-separated peers to join, host[:port]")
+	fs.StringVar(&c.IPAllocRange, "ipalloc-range", c.IPAllocRange, "pod address range (IPv4 CIDR) shared by all peers")
+	fs.StringVar(&c.IPAllocInit, "ipalloc-init", c.IPAllocInit, "first claim of the range: consensus[=N], seed=name,..., or observer")
+	fs.StringVar(&c.HTTPAddr, "http-addr", c.HTTPAddr, "read-only status server address")
+	fs.StringVar(&c.Socket, "socket", c.Socket, "local API unix socket (for the CNI plugin and rmpeer)")
+	fs.StringVar(&c.StateDir, "state-dir", c.StateDir, "directory for the persistent state")
+	fs.StringVar(&c.Bridge, "bridge", c.Bridge, "name of the pod bridge")
+	fs.IntVar(&c.MTU, "mtu", c.MTU, "pod MTU (0: the underlay MTU less the encapsulation overhead)")
+	fs.StringVar(&c.Encap, "encap", c.Encap, "encapsulation: udp, ipip or auto")
+	fs.StringVar(&c.CNIBinDir, "cni-bin-dir", c.CNIBinDir, "where to install the CNI plugins")
+	fs.StringVar(&c.CNIConfDir, "cni-conf-dir", c.CNIConfDir, "where to write the CNI network config")
+	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
+}
+
+// envDefaults sets every flag not given on the command line from
+// WEFT_<FLAG> (upper case, '-' as '_'), if that is set.
+func envDefaults(fs *flag.FlagSet) error {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		env := "WEFT_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v, ok := os.LookupEnv(env); ok && !given[f.Name] {
+			if err := f.Value.Set(v); err != nil {
+				errs = append(errs, fmt.Errorf("invalid %s=%q: %w", env, v, err))
+			}
+		}
+	})
+	return errors.Join(errs...)
+}
+
+func cmdRouter(args []string) error {
+	cfg := router.Defaults()
+	fs := flag.NewFlagSet("weft router", flag.ContinueOnError)
+	routerFlags(fs, &cfg)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q: every option is a flag", fs.Args())
+	}
+	if err := envDefaults(fs); err != nil {
+		return err
+	}
+	v, err := cfg.Validate()
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: v.Level}))
+	log.Info(fmt.Sprintf("Command line options: %v", cfg.Options()))
+	log.Info("weft router starting", "version", router.Version)
+
+	r, err := router.New(v, log)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return r.Run(ctx)
+}
+
+func cmdVersion([]string) error {
+	fmt.Println("weft", router.Version)
+	return nil
+}

@@ -1,0 +1,99 @@
+package router
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+)
+
+// ConfListName is the file the router writes into --cni-conf-dir.
+const ConfListName = "10-weft.conflist"
+
+// Plugins the router installs into --cni-bin-dir, from beside its own binary.
+var cniPlugins = []string{"weft-cni", "portmap"}
+
+// ConfList is the network configuration list the router writes. cniVersion
+// stays at 1.0.0, which every runtime in use accepts (containerd 1.6's libcni
+// knows nothing later); cniVersions offers 1.1.0 so that newer runtimes use
+// STATUS and GC.
+func ConfList(socket string) ([]byte, error) {
+	conf := map[string]any{
+		"cniVersion":  "1.0.0",
+		"cniVersions": []string{"0.3.1", "0.4.0", "1.0.0", "1.1.0"},
+		"name":        "weft",
+		"plugins": []any{
+			map[string]any{"type": "weft-cni", "socket": socket},
+			map[string]any{"type": "portmap", "capabilities": map[string]bool{"portMappings": true}, "snat": true},
+		},
+	}
+	return json.MarshalIndent(conf, "", "  ")
+}
+
+// installCNI copies the plugins into binDir and then writes the conflist:
+// a runtime that sees the conflist finds the plugins already in place.
+func installCNI(srcDir, binDir, confDir, socket string) (changed []string, err error) {
+	if err := os.MkdirAll(binDir, 0o755); err != nil {
+		return nil, fmt.Errorf("creating --cni-bin-dir: %w", err)
+	}
+	for _, p := range cniPlugins {
+		src := filepath.Join(srcDir, p)
+		data, err := os.ReadFile(src)
+		if err != nil {
+			return nil, fmt.Errorf("the CNI plugin %s should be beside the weft binary at %s: %w (run `make build`, or install the release tarball whole)", p, src, err)
+		}
+		ok, err := writeIfChanged(filepath.Join(binDir, p), data, 0o755)
+		if err != nil {
+			return nil, fmt.Errorf("installing %s into --cni-bin-dir: %w", p, err)
+		}
+		if ok {
+			changed = append(changed, filepath.Join(binDir, p))
+		}
+	}
+	if err := os.MkdirAll(confDir, 0o755); err != nil {
+		return nil, fmt.Errorf("creating --cni-conf-dir: %w", err)
+	}
+	conf, err := ConfList(socket)
+	if err != nil {
+		return nil, err
+	}
+	ok, err := writeIfChanged(filepath.Join(confDir, ConfListName), append(conf, '\n'), 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("writing the CNI config into --cni-conf-dir: %w", err)
+	}
+	if ok {
+		changed = append(changed, filepath.Join(confDir, ConfListName))
+	}
+	return changed, nil
+}
+
+// writeIfChanged atomically replaces path with data (temp file and rename in
+// the same directory) unless it already holds exactly data.
+func writeIfChanged(path string, data []byte, mode os.FileMode) (bool, error) {
+	if f, err := os.Open(path); err == nil {
+		old, err := io.ReadAll(io.LimitReader(f, int64(len(data))+1))
+		f.Close()
+		if err == nil && bytes.Equal(old, data) {
+			return false, nil
+		}
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return false, err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return false, err
+	}
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return false, err
+	}
+	if err := tmp.Close(); err != nil {
+		return false, err
+	}
+	return true, os.Rename(tmp.Name(), path)
+}

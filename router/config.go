@@ -1,0 +1,226 @@
+// Package router is the weft daemon: it wires the allocator, the bridge, the
+// local API for the CNI plugin and the status server of one peer, and keeps
+// them converged until it is stopped.
+package router
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/weft-net/weft/ipalloc"
+	"github.com/weft-net/weft/tunnel"
+)
+
+// Config is every option of `weft router`. Field tags name the flag.
+type Config struct {
+	Name         string // --name: peer name; empty = persisted or random
+	Nickname     string // --nickname
+	Host         string // --host: underlay address to advertise; empty = the default route's
+	Port         int    // --port: gossip
+	DataPort     int    // --data-port: encapsulated data
+	Peers        string // --peers: comma list
+	IPAllocRange string // --ipalloc-range
+	IPAllocInit  string // --ipalloc-init
+	HTTPAddr     string // --http-addr: read-only status
+	Socket       string // --socket: local API
+	StateDir     string // --state-dir
+	Bridge       string // --bridge
+	MTU          int    // --mtu: 0 = derive
+	Encap        string // --encap
+	CNIBinDir    string // --cni-bin-dir
+	CNIConfDir   string // --cni-conf-dir
+	LogLevel     string // --log-level
+}
+
+// Defaults returns the documented defaults.
+func Defaults() Config {
+	return Config{
+		Port:         6783,
+		DataPort:     6784,
+		IPAllocRange: "10.32.0.0/12",
+		IPAllocInit:  "consensus",
+		HTTPAddr:     "127.0.0.1:6784",
+		Socket:       "/run/weft/weft.sock",
+		StateDir:     "/var/lib/weft",
+		Bridge:       "weft",
+		Encap:        "auto",
+		CNIBinDir:    "/opt/cni/bin",
+		CNIConfDir:   "/etc/cni/net.d",
+		LogLevel:     "info",
+	}
+}
+
+// InitMode is how the first claim of the ring is made.
+type InitMode struct {
+	Kind   string   // "consensus", "seed" or "observer"
+	Quorum int      // consensus: number of peers expected; 0 = from --peers
+	Seeds  []string // seed: the peers that share the ring
+}
+
+func (m InitMode) String() string {
+	switch m.Kind {
+	case "consensus":
+		if m.Quorum > 0 {
+			return fmt.Sprintf("consensus=%d", m.Quorum)
+		}
+		return "consensus"
+	case "seed":
+		return "seed=" + strings.Join(m.Seeds, ",")
+	}
+	return m.Kind
+}
+
+// ParseInit parses --ipalloc-init.
+func ParseInit(s string) (InitMode, error) {
+	kind, arg, hasArg := strings.Cut(strings.TrimSpace(s), "=")
+	switch kind {
+	case "consensus":
+		if !hasArg {
+			return InitMode{Kind: kind}, nil
+		}
+		n, err := strconv.Atoi(arg)
+		if err != nil || n < 1 || n > 10000 {
+			return InitMode{}, fmt.Errorf("invalid --ipalloc-init %q: consensus=N needs N between 1 and 10000, the number of peers that start the cluster", s)
+		}
+		return InitMode{Kind: kind, Quorum: n}, nil
+	case "seed":
+		var seeds []string
+		for _, p := range strings.Split(arg, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				seeds = append(seeds, p)
+			}
+		}
+		if len(seeds) == 0 {
+			return InitMode{}, fmt.Errorf("invalid --ipalloc-init %q: seed= needs the comma-separated names of the peers that share the ring", s)
+		}
+		return InitMode{Kind: kind, Seeds: seeds}, nil
+	case "observer":
+		if hasArg {
+			return InitMode{}, fmt.Errorf("invalid --ipalloc-init %q: observer takes no value", s)
+		}
+		return InitMode{Kind: kind}, nil
+	}
+	return InitMode{}, fmt.Errorf("invalid --ipalloc-init %q: use consensus[=N], seed=name1,name2,... or observer", s)
+}
+
+// Validated is a Config with its values parsed.
+type Validated struct {
+	Config
+	Universe netip.Prefix
+	Init     InitMode
+	Encap    tunnel.Mode
+	Host     netip.Addr // zero: detect from the default route
+	Peers    []string
+	Level    slog.Level
+}
+
+// Validate checks every option and returns them parsed; the error names the
+// option and says what to give instead.
+func (c Config) Validate() (*Validated, error) {
+	v := &Validated{Config: c}
+	var errs []error
+	add := func(err error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	var err error
+	v.Universe, err = ipalloc.ParseUniverse(c.IPAllocRange)
+	add(err)
+	v.Init, err = ParseInit(c.IPAllocInit)
+	add(err)
+	v.Encap, err = tunnel.ParseMode(c.Encap)
+	add(err)
+	if err := v.Level.UnmarshalText([]byte(c.LogLevel)); err != nil {
+		add(fmt.Errorf("invalid --log-level %q: use debug, info, warn or error", c.LogLevel))
+	}
+	if c.Host != "" {
+		v.Host, err = netip.ParseAddr(c.Host)
+		if err != nil || !v.Host.Is4() {
+			add(fmt.Errorf("invalid --host %q: give this node's IPv4 underlay address", c.Host))
+		}
+	}
+	add(checkPort("--port", c.Port))
+	add(checkPort("--data-port", c.DataPort))
+	if c.MTU != 0 {
+		_, err := tunnel.PodMTU(0, c.MTU, tunnel.ModeAuto)
+		add(err)
+	}
+	if c.Name != "" {
+		add(ValidatePeerName(c.Name))
+	}
+	if len(c.Nickname) > 63 {
+		add(fmt.Errorf("invalid --nickname %q: at most 63 characters", c.Nickname))
+	}
+	for _, p := range strings.Split(c.Peers, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			v.Peers = append(v.Peers, p)
+		}
+	}
+	if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
+		add(fmt.Errorf("invalid --http-addr %q: give host:port, e.g. 127.0.0.1:6784", c.HTTPAddr))
+	}
+	for flag, p := range map[string]string{"--socket": c.Socket, "--state-dir": c.StateDir, "--cni-bin-dir": c.CNIBinDir, "--cni-conf-dir": c.CNIConfDir} {
+		if p == "" || !filepath.IsAbs(p) {
+			add(fmt.Errorf("invalid %s %q: give an absolute path", flag, p))
+		}
+	}
+	if len(c.Socket) > 107 {
+		add(fmt.Errorf("invalid --socket %q: a unix socket path is limited to 107 bytes", c.Socket))
+	}
+	if err := validateIfName(c.Bridge); err != nil {
+		add(fmt.Errorf("invalid --bridge %q: %w", c.Bridge, err))
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return v, nil
+}
+
+func checkPort(flag string, p int) error {
+	if p < 1 || p > 65535 {
+		return fmt.Errorf("invalid %s %d: give a port between 1 and 65535", flag, p)
+	}
+	return nil
+}
+
+// ValidatePeerName checks a --name: printable, no spaces, at most 64 bytes.
+func ValidatePeerName(n string) error {
+	if n == "" || len(n) > 64 {
+		return fmt.Errorf("invalid --name %q: give 1 to 64 characters", n)
+	}
+	for _, r := range n {
+		if r <= ' ' || r > '~' || r == '(' || r == ')' || r == ',' {
+			return fmt.Errorf("invalid --name %q: only printable ASCII without spaces, commas or parentheses", n)
+		}
+	}
+	return nil
+}
+
+func validateIfName(n string) error {
+	if n == "" || len(n) > 15 {
+		return errors.New("an interface name has 1 to 15 characters")
+	}
+	if strings.ContainsAny(n, "/: \t\n") || n == "." || n == ".." {
+		return errors.New("an interface name cannot contain '/', ':' or white space")
+	}
+	return nil
+}
+
+// Options is the map that the start-up line prints: every option in effect.
+func (c Config) Options() map[string]string {
+	return map[string]string{
+		"name": c.Name, "nickname": c.Nickname, "host": c.Host,
+		"port": strconv.Itoa(c.Port), "data-port": strconv.Itoa(c.DataPort),
+		"peers": c.Peers, "ipalloc-range": c.IPAllocRange, "ipalloc-init": c.IPAllocInit,
+		"http-addr": c.HTTPAddr, "socket": c.Socket, "state-dir": c.StateDir,
+		"bridge": c.Bridge, "mtu": strconv.Itoa(c.MTU), "encap": c.Encap,
+		"cni-bin-dir": c.CNIBinDir, "cni-conf-dir": c.CNIConfDir, "log-level": c.LogLevel,
+	}
+}

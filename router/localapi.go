@@ -1,0 +1,216 @@
+package router
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/weft-net/weft/api"
+	"github.com/weft-net/weft/ipalloc"
+)
+
+// maxRequestBody bounds a local API request; a GC list of 10,000 attachments fits.
+const maxRequestBody = 4 << 20
+
+// localAPI serves the plugin over the unix socket. It is the only place that
+// changes allocations.
+type localAPI struct {
+	r *Router
+}
+
+func (l *localAPI) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST "+api.PathIP, l.instrument("allocate", l.allocate))
+	mux.HandleFunc("GET "+api.PathIP, l.instrument("lookup", l.lookup))
+	mux.HandleFunc("DELETE "+api.PathIP, l.instrument("release", l.release))
+	mux.HandleFunc("POST "+api.PathGC, l.instrument("gc", l.gc))
+	mux.HandleFunc("GET "+api.PathReady, l.instrument("ready", l.ready))
+	mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
+		writeError(w, http.StatusNotFound, api.CodeInvalid, fmt.Sprintf("no local API endpoint %s %s", req.Method, req.URL.Path))
+	})
+	return mux
+}
+
+// statusWriter remembers the status code for metrics.
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (s *statusWriter) WriteHeader(code int) { s.code = code; s.ResponseWriter.WriteHeader(code) }
+
+func (l *localAPI) instrument(op string, h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, req *http.Request) {
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w, code: http.StatusOK}
+		h(sw, req)
+		l.r.metrics.apiRequests.WithLabelValues(op, strconv.Itoa(sw.code)).Inc()
+		l.r.metrics.apiDuration.WithLabelValues(op).Observe(time.Since(start).Seconds())
+	}
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, code, msg string) {
+	writeJSON(w, status, api.ErrorBody{Code: code, Message: msg})
+}
+
+// decode reads a JSON body of at most maxRequestBody bytes into v.
+func decode(w http.ResponseWriter, req *http.Request, v any) bool {
+	body := http.MaxBytesReader(w, req.Body, maxRequestBody)
+	dec := json.NewDecoder(body)
+	if err := dec.Decode(v); err != nil {
+		var tooBig *http.MaxBytesError
+		switch {
+		case errors.As(err, &tooBig):
+			writeError(w, http.StatusRequestEntityTooLarge, api.CodeInvalid, fmt.Sprintf("request body is larger than %d bytes", maxRequestBody))
+		case errors.Is(err, io.EOF):
+			writeError(w, http.StatusBadRequest, api.CodeInvalid, "request body is empty: send a JSON object")
+		default:
+			writeError(w, http.StatusBadRequest, api.CodeInvalid, "request body is not valid JSON: "+err.Error())
+		}
+		return false
+	}
+	return true
+}
+
+func key(a api.Attachment) ipalloc.Key { return ipalloc.Key{ContainerID: a.ContainerID, IfName: a.IfName} }
+
+func (l *localAPI) allocation(k ipalloc.Key, addr ipalloc.Address, isNew bool) api.Allocation {
+	net := l.r.net()
+	return api.Allocation{
+		Attachment: api.Attachment{ContainerID: k.ContainerID, IfName: k.IfName},
+		Address:    l.r.ipam.Prefix(addr).String(),
+		Gateway:    net.gateway.Addr().String(),
+		Bridge:     l.r.cfg.Bridge,
+		MTU:        net.mtu,
+		New:        isNew,
+	}
+}
+
+func (l *localAPI) notReady(w http.ResponseWriter) bool {
+	if ok, reason := l.r.Ready(); !ok {
+		writeError(w, http.StatusServiceUnavailable, api.CodeNotReady, "weft router is not ready: "+reason+"; try again later")
+		return true
+	}
+	return false
+}
+
+func (l *localAPI) allocate(w http.ResponseWriter, req *http.Request) {
+	var in api.AllocateRequest
+	if !decode(w, req, &in) {
+		return
+	}
+	if err := in.Attachment.Validate(); err != nil {
+		writeError(w, http.StatusBadRequest, api.CodeInvalid, err.Error())
+		return
+	}
+	if l.notReady(w) {
+		return
+	}
+	k := key(in.Attachment)
+	ip, isNew, err := l.r.ipam.Allocate(k, ipalloc.Meta{Netns: in.Netns, PodNamespace: in.PodNamespace, PodName: in.PodName})
+	switch {
+	case ipalloc.ErrIsExhausted(err):
+		writeError(w, http.StatusServiceUnavailable, api.CodeExhausted, fmt.Sprintf("no address for %s: %v", k, err))
+		return
+	case err != nil:
+		l.r.log.Error("allocation failed", "key", k, "err", err)
+		writeError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
+		return
+	}
+	addr, _ := ipalloc.AddressFrom(ip)
+	if isNew {
+		l.r.log.Info("allocated address", "container", k.ContainerID, "ifname", k.IfName, "address", ip,
+			"pod", podName(in.PodNamespace, in.PodName))
+	}
+	writeJSON(w, http.StatusOK, l.allocation(k, addr, isNew))
+}
+
+func podName(ns, name string) string {
+	if name == "" {
+		return ""
+	}
+	return ns + "/" + name
+}
+
+func (l *localAPI) lookup(w http.ResponseWriter, req *http.Request) {
+	att := api.AttachmentFromQuery(req.URL.Query())
+	if err := att.Validate(); err != nil {
+		writeError(w, http.StatusBadRequest, api.CodeInvalid, err.Error())
+		return
+	}
+	ip, ok := l.r.ipam.Lookup(key(att))
+	if !ok {
+		writeError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no address is allocated to %s", att))
+		return
+	}
+	addr, _ := ipalloc.AddressFrom(ip)
+	writeJSON(w, http.StatusOK, l.allocation(key(att), addr, false))
+}
+
+func (l *localAPI) release(w http.ResponseWriter, req *http.Request) {
+	att := api.AttachmentFromQuery(req.URL.Query())
+	if err := att.Validate(); err != nil {
+		writeError(w, http.StatusBadRequest, api.CodeInvalid, err.Error())
+		return
+	}
+	ip, ok, err := l.r.ipam.Release(key(att))
+	if err != nil {
+		l.r.log.Error("release failed", "key", att, "err", err)
+		writeError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
+		return
+	}
+	resp := api.ReleaseResponse{Released: ok}
+	if ok {
+		resp.Address = ip.String()
+		l.r.log.Info("released address", "container", att.ContainerID, "ifname", att.IfName, "address", ip)
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+func (l *localAPI) gc(w http.ResponseWriter, req *http.Request) {
+	var in api.GCRequest
+	if !decode(w, req, &in) {
+		return
+	}
+	if in.Valid == nil {
+		writeError(w, http.StatusBadRequest, api.CodeInvalid, `GC needs the list of valid attachments ("valid": [...]); an absent list would release every pod's address`)
+		return
+	}
+	keep := make(map[ipalloc.Key]bool, len(in.Valid))
+	for i, a := range in.Valid {
+		if err := a.Validate(); err != nil {
+			writeError(w, http.StatusBadRequest, api.CodeInvalid, fmt.Sprintf("valid attachment %d: %v", i, err))
+			return
+		}
+		keep[key(a)] = true
+	}
+	dropped, err := l.r.ipam.GC(func(k ipalloc.Key) bool { return keep[k] })
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
+		return
+	}
+	resp := api.GCResponse{Released: []api.Allocation{}}
+	for _, d := range dropped {
+		resp.Released = append(resp.Released, l.allocation(d.Key, d.Address, false))
+		l.r.log.Info("GC released address", "container", d.Key.ContainerID, "ifname", d.Key.IfName, "address", d.Address)
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+func (l *localAPI) ready(w http.ResponseWriter, _ *http.Request) {
+	if ok, reason := l.r.Ready(); !ok {
+		writeJSON(w, http.StatusServiceUnavailable, api.ErrorBody{Code: api.CodeNotReady, Message: reason})
+		return
+	}
+	writeJSON(w, http.StatusOK, api.Readiness{Ready: true})
+}

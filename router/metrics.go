@@ -1,0 +1,57 @@
+package router
+
+import (
+	"runtime"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+type metrics struct {
+	reg         *prometheus.Registry
+	apiRequests *prometheus.CounterVec
+	apiDuration *prometheus.HistogramVec
+}
+
+func newMetrics(r *Router) *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		apiRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "weft_local_api_requests_total",
+			Help: "Requests to the local API (CNI plugin) by operation and HTTP status code.",
+		}, []string{"op", "code"}),
+		apiDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "weft_local_api_request_duration_seconds",
+			Help:    "Time to answer a local API request, by operation.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+		}, []string{"op"}),
+	}
+	ipam := func(state string, f func() float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "weft_ipam_addresses", Help: "Addresses of the ranges this peer owns, by state.",
+			ConstLabels: prometheus.Labels{"state": state},
+		}, f)
+	}
+	m.reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		m.apiRequests, m.apiDuration,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "weft_build_info", Help: "Version of this weft router.",
+			ConstLabels: prometheus.Labels{"version": Version, "goversion": runtime.Version()},
+		}, func() float64 { return 1 }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "weft_ready", Help: "1 when this peer can attach pods.",
+		}, func() float64 {
+			if ok, _ := r.Ready(); ok {
+				return 1
+			}
+			return 0
+		}),
+		ipam("owned", func() float64 { return float64(r.ipam.Stats().Owned) }),
+		ipam("allocated", func() float64 { return float64(r.ipam.Stats().Allocated) }),
+		ipam("free", func() float64 { return float64(r.ipam.Stats().Free) }),
+		ipam("reserved", func() float64 { return float64(r.ipam.Stats().Reserved) }),
+	)
+	return m
+}

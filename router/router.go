@@ -1,0 +1,263 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/weft-net/weft/bridge"
+	"github.com/weft-net/weft/ipalloc"
+	"github.com/weft-net/weft/state"
+	"github.com/weft-net/weft/tunnel"
+)
+
+// Version is set at link time by the Makefile.
+var Version = "dev"
+
+// reconcileEvery is how often the bridge and its rules are re-ensured, so
+// that a bridge or table deleted by hand comes back without a restart.
+const reconcileEvery = 30 * time.Second
+
+// Router is one running peer.
+type Router struct {
+	cfg     *Validated
+	log     *slog.Logger
+	db      *state.DB
+	ipam    *ipalloc.Service
+	metrics *metrics
+	name    string
+	srcDir  string // where weft-cni and portmap are installed from
+
+	mu       sync.Mutex
+	netState netState
+	ready    bool
+	reason   string
+}
+
+// netState is what the router learnt about its node's network.
+type netState struct {
+	host    netip.Addr
+	mtu     int
+	gateway netip.Prefix
+}
+
+func (r *Router) net() netState {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.netState
+}
+
+// Ready reports whether the router can attach pods, and if not, why.
+func (r *Router) Ready() (bool, string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ready, r.reason
+}
+
+func (r *Router) setReady(ok bool, reason string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ready, r.reason = ok, reason
+}
+
+// New opens the peer's state and loads its allocator. It takes the state
+// dir's lock, so a second router on the same state fails here.
+func New(cfg *Validated, log *slog.Logger) (*Router, error) {
+	db, err := state.Open(cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	r := &Router{cfg: cfg, log: log, db: db, reason: "starting"}
+	fail := func(err error) (*Router, error) { db.Close(); return nil, err }
+
+	r.name, err = db.PeerName(cfg.Name)
+	if err != nil {
+		return fail(fmt.Errorf("reading the peer name from %s: %w", db.Path(), err))
+	}
+	if len(cfg.Peers) > 0 {
+		log.Warn("--peers is set, but this build of weft runs a single peer; the mesh arrives with the mesh issue", "peers", cfg.Peers)
+	}
+	r.ipam, err = ipalloc.NewService(ipalloc.ServiceConfig{
+		Self: ipalloc.PeerName(r.name), Universe: cfg.Universe, DB: db, Log: log,
+	})
+	if err != nil {
+		return fail(err)
+	}
+	exe, err := os.Executable()
+	if err == nil {
+		exe, err = filepath.EvalSymlinks(exe)
+	}
+	if err != nil {
+		return fail(fmt.Errorf("finding the weft binary (to install the CNI plugins from beside it): %w", err))
+	}
+	r.srcDir = filepath.Dir(exe)
+	r.metrics = newMetrics(r)
+	log.Info("peer identity", "name", r.name, "nickname", cfg.Nickname, "state", db.Path())
+	return r, nil
+}
+
+// Name is this peer's name.
+func (r *Router) Name() string { return r.name }
+
+// Run sets the node up, serves until ctx ends, then shuts down: the servers
+// stop first, then the state is closed. Pods, the bridge and the CNI config
+// are left in place so that a restart (or an upgrade) disturbs nothing.
+func (r *Router) Run(ctx context.Context) error {
+	defer r.db.Close()
+
+	if err := r.setupNetwork(); err != nil {
+		return err
+	}
+
+	apiLn, err := listenUnix(r.cfg.Socket)
+	if err != nil {
+		return err
+	}
+	statusLn, err := net.Listen("tcp", r.cfg.HTTPAddr)
+	if err != nil {
+		apiLn.Close()
+		return fmt.Errorf("status server on --http-addr %s: %w (is another router using it? give each its own)", r.cfg.HTTPAddr, err)
+	}
+	loopback := false
+	if ap, err := netip.ParseAddrPort(statusLn.Addr().String()); err == nil {
+		loopback = ap.Addr().IsLoopback()
+	}
+	if !loopback {
+		r.log.Warn("the status server listens beyond loopback; it is read-only, but anyone who can reach it can read this node's state", "http-addr", statusLn.Addr())
+	}
+	apiSrv := &http.Server{Handler: (&localAPI{r: r}).handler(), ReadHeaderTimeout: 10 * time.Second}
+	statusSrv := &http.Server{Handler: r.statusHandler(loopback), ReadHeaderTimeout: 10 * time.Second}
+
+	var wg sync.WaitGroup
+	errc := make(chan error, 2)
+	serve := func(name string, s *http.Server, ln net.Listener) {
+		defer wg.Done()
+		if err := s.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("%s: %w", name, err)
+		}
+	}
+	wg.Add(2)
+	go serve("local API", apiSrv, apiLn)
+	go serve("status server", statusSrv, statusLn)
+	r.log.Info("serving", "local-api", r.cfg.Socket, "status", "http://"+statusLn.Addr().String()+"/status")
+
+	if changed, err := installCNI(r.srcDir, r.cfg.CNIBinDir, r.cfg.CNIConfDir, r.cfg.Socket); err != nil {
+		r.setReady(false, "CNI plugin not installed: "+err.Error())
+		r.log.Error("cannot install the CNI plugin; pods cannot be attached", "err", err)
+	} else {
+		for _, c := range changed {
+			r.log.Info("installed CNI file", "path", c)
+		}
+		r.setReady(true, "")
+		r.log.Info("ready: pods can be attached", "bridge", r.cfg.Bridge, "conflist", filepath.Join(r.cfg.CNIConfDir, ConfListName))
+	}
+
+	t := time.NewTicker(reconcileEvery)
+	defer t.Stop()
+	var runErr error
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case err := <-errc:
+			runErr = err
+			break loop
+		case <-t.C:
+			if err := r.ensureBridge(); err != nil {
+				r.log.Error("re-ensuring the bridge failed", "err", err)
+			}
+		}
+	}
+	r.log.Info("shutting down")
+	shutCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = apiSrv.Shutdown(shutCtx)
+	_ = statusSrv.Shutdown(shutCtx)
+	wg.Wait()
+	os.Remove(r.cfg.Socket)
+	return runErr
+}
+
+// setupNetwork finds the underlay, derives the pod MTU, takes the gateway
+// address and converges the bridge.
+func (r *Router) setupNetwork() error {
+	ifName, underMTU, defAddr, routeErr := bridge.DefaultRouteMTU("")
+	host := r.cfg.Host
+	switch {
+	case host.IsValid():
+		if routeErr != nil {
+			underMTU = 1500
+			r.log.Warn("no default route to read the underlay MTU from; assuming 1500", "err", routeErr)
+		}
+	case routeErr != nil:
+		return fmt.Errorf("cannot detect this node's underlay address: %w", routeErr)
+	default:
+		host = defAddr
+	}
+	mtu, err := tunnel.PodMTU(underMTU, r.cfg.MTU, r.cfg.Encap)
+	if err != nil {
+		return err
+	}
+	r.log.Info("underlay", "host", host, "interface", ifName, "underlay-mtu", underMTU, "pod-mtu", mtu, "encap", r.cfg.Encap)
+
+	gw, _, err := r.ipam.Allocate(ipalloc.GatewayKey(r.cfg.Bridge), ipalloc.Meta{})
+	if err != nil {
+		return fmt.Errorf("allocating the bridge's gateway address: %w", err)
+	}
+	r.mu.Lock()
+	r.netState = netState{host: host, mtu: mtu, gateway: netip.PrefixFrom(gw, r.cfg.Universe.Bits())}
+	r.mu.Unlock()
+	return r.ensureBridge()
+}
+
+func (r *Router) ensureBridge() error {
+	ns := r.net()
+	// Ensure logs every change it makes itself.
+	if _, err := bridge.Ensure("", bridge.Config{Name: r.cfg.Bridge, MTU: ns.mtu, Gateway: ns.gateway, PodRange: r.cfg.Universe}, r.log); err != nil {
+		return fmt.Errorf("setting up bridge %s: %w", r.cfg.Bridge, err)
+	}
+	return nil
+}
+
+// listenUnix listens on the local API socket with mode 0600. A stale socket
+// from a crashed router is replaced; a live one belongs to another router
+// and is an error.
+func listenUnix(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("creating the directory of --socket %s: %w", path, err)
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("--socket %s exists and is not a socket; remove it or choose another path", path)
+		}
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("--socket %s is served by another process (another weft router?); give each router its own", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("removing stale socket %s: %w", path, err)
+		}
+	}
+	old := syscall.Umask(0o177) // the socket is born 0600
+	ln, err := net.Listen("unix", path)
+	syscall.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("local API on --socket %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	ln.(*net.UnixListener).SetUnlinkOnClose(false)
+	return ln, nil
+}

@@ -1,0 +1,231 @@
+package router
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"runtime"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/weft-net/weft/ipalloc"
+)
+
+// Report is the JSON of GET /report: everything /status shows, and more.
+type Report struct {
+	Version string       `json:"version"`
+	Router  RouterReport `json:"router"`
+	IPAM    IPAMReport   `json:"ipam"`
+}
+
+// RouterReport describes this peer.
+type RouterReport struct {
+	Name     string `json:"name"`
+	Nickname string `json:"nickname"`
+	Host     string `json:"host"`
+	Bridge   string `json:"bridge"`
+	Gateway  string `json:"gateway"`
+	MTU      int    `json:"mtu"`
+	Encap    string `json:"encap"`
+	Ready    bool   `json:"ready"`
+	Reason   string `json:"reason,omitempty"`
+	Peers    int    `json:"peers"`
+}
+
+// IPAMReport describes the allocator.
+type IPAMReport struct {
+	Status        string          `json:"status"`
+	Range         string          `json:"range"`
+	DefaultSubnet string          `json:"defaultSubnet"`
+	Owned         []string        `json:"owned"`
+	Stats         ipalloc.Stats   `json:"stats"`
+	Owners        []OwnerReport   `json:"owners"`
+	Entries       []ipalloc.Entry `json:"entries"`
+	Allocations   []AllocReport   `json:"allocations"`
+}
+
+// OwnerReport is one line of /status/ipam.
+type OwnerReport struct {
+	Peer     string  `json:"peer"`
+	Nickname string  `json:"nickname"`
+	Size     uint64  `json:"size"`
+	Percent  float64 `json:"percent"`
+	Active   int     `json:"active"`
+	Free     uint64  `json:"free"`
+	Reach    bool    `json:"reachable"`
+}
+
+// AllocReport is one allocation.
+type AllocReport struct {
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifName"`
+	Address     string `json:"address"`
+	Pod         string `json:"pod,omitempty"`
+	Created     string `json:"created,omitempty"`
+}
+
+// Report builds the current report.
+func (r *Router) Report() Report {
+	snap := r.ipam.Snapshot()
+	net := r.net()
+	ready, reason := r.Ready()
+	rep := Report{
+		Version: Version,
+		Router: RouterReport{
+			Name: r.name, Nickname: r.cfg.Nickname, Host: net.host.String(),
+			Bridge: r.cfg.Bridge, MTU: net.mtu, Encap: string(r.cfg.Encap),
+			Ready: ready, Reason: reason, Peers: 1,
+		},
+		IPAM: IPAMReport{
+			Status:        r.ipamStatus(snap),
+			Range:         snap.Universe.String(),
+			DefaultSubnet: snap.Universe.String(),
+			Stats:         snap.Stats,
+			Entries:       snap.Ring.Entries,
+			Owned:         []string{},
+			Allocations:   []AllocReport{},
+		},
+	}
+	if net.gateway.IsValid() {
+		rep.Router.Gateway = net.gateway.Addr().String()
+	}
+	for _, o := range snap.Owned {
+		for _, c := range o.CIDRs() {
+			rep.IPAM.Owned = append(rep.IPAM.Owned, c.String())
+		}
+	}
+	active := 0
+	for _, a := range snap.Allocations {
+		if a.Key.Internal() {
+			continue
+		}
+		active++
+		ar := AllocReport{ContainerID: a.Key.ContainerID, IfName: a.Key.IfName, Address: a.Address.String(), Pod: podName(a.PodNamespace, a.PodName)}
+		if !a.Created.IsZero() {
+			ar.Created = a.Created.Format("2006-01-02T15:04:05Z")
+		}
+		rep.IPAM.Allocations = append(rep.IPAM.Allocations, ar)
+	}
+	total := uint64(snap.Universe.Bits())
+	total = uint64(1) << (32 - total)
+	for _, s := range snap.Ring.Shares() {
+		o := OwnerReport{Peer: string(s.Peer), Size: s.Size, Free: s.Free, Percent: ipalloc.Percent(s.Size, total), Reach: true}
+		if s.Peer == snap.Self {
+			o.Nickname, o.Active = r.cfg.Nickname, active
+		}
+		rep.IPAM.Owners = append(rep.IPAM.Owners, o)
+	}
+	return rep
+}
+
+func (r *Router) ipamStatus(snap ipalloc.Snapshot) string {
+	switch {
+	case snap.Ring.Empty():
+		return "awaiting consensus"
+	case snap.Stats.Owned == 0:
+		return "waiting for space"
+	}
+	return "ready"
+}
+
+// WriteStatus writes the weave-like text of GET /status.
+func WriteStatus(w io.Writer, rep Report) {
+	line := func(k, v string) { fmt.Fprintf(w, "%15s: %s\n", k, v) }
+	fmt.Fprintln(w)
+	line("Version", fmt.Sprintf("%s (%s)", rep.Version, runtime.Version()))
+	fmt.Fprintln(w)
+	line("Service", "router")
+	line("Name", fmt.Sprintf("%s(%s)", rep.Router.Name, rep.Router.Nickname))
+	line("Host", rep.Router.Host)
+	line("Bridge", fmt.Sprintf("%s (gateway %s, pod MTU %d)", rep.Router.Bridge, rep.Router.Gateway, rep.Router.MTU))
+	line("Encryption", "disabled")
+	line("Peers", fmt.Sprint(rep.Router.Peers))
+	line("Connections", "0")
+	line("Targets", "0")
+	if rep.Router.Ready {
+		line("Ready", "yes")
+	} else {
+		line("Ready", "no - "+rep.Router.Reason)
+	}
+	fmt.Fprintln(w)
+	line("Service", "ipam")
+	line("Status", rep.IPAM.Status)
+	line("Range", rep.IPAM.Range)
+	line("DefaultSubnet", rep.IPAM.DefaultSubnet)
+	fmt.Fprintln(w)
+}
+
+// WriteIPAM writes the text of GET /status/ipam: one line per owner.
+func WriteIPAM(w io.Writer, rep Report) {
+	for _, o := range rep.IPAM.Owners {
+		name := o.Peer
+		if o.Nickname != "" {
+			name += "(" + o.Nickname + ")"
+		}
+		suffix := ""
+		if !o.Reach {
+			suffix = " - unreachable!"
+		}
+		fmt.Fprintf(w, "%-40s %8d IPs (%05.1f%% of total) (%d active)%s\n", name, o.Size, o.Percent, o.Active, suffix)
+	}
+}
+
+// statusHandler serves the read-only status endpoints. Only GET and HEAD are
+// answered, and, when the server listens on loopback, only requests whose
+// Host is a loopback name (a web page cannot reach it by DNS rebinding).
+func (r *Router) statusHandler(loopbackOnly bool) http.Handler {
+	mux := http.NewServeMux()
+	text := func(f func(io.Writer, Report)) http.HandlerFunc {
+		return func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			f(w, r.Report())
+		}
+	}
+	mux.HandleFunc("/status", text(WriteStatus))
+	mux.HandleFunc("/status/ipam", text(WriteIPAM))
+	mux.HandleFunc("/report", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(r.Report())
+	})
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if ok, reason := r.Ready(); !ok {
+			http.Error(w, "not ready: "+reason, http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	mux.Handle("/metrics", promhttp.HandlerFor(r.metrics.reg, promhttp.HandlerOpts{}))
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if req.Method != http.MethodGet && req.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			http.Error(w, "the status server is read-only: use GET (changes go through the local socket)", http.StatusMethodNotAllowed)
+			return
+		}
+		if loopbackOnly && !isLoopbackHost(req.Host) {
+			http.Error(w, "requests must name a loopback host (127.0.0.1, ::1 or localhost)", http.StatusForbidden)
+			return
+		}
+		mux.ServeHTTP(w, req)
+	})
+}
+
+func isLoopbackHost(hostport string) bool {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	host = strings.Trim(host, "[]")
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
