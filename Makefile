@@ -1,0 +1,63 @@
+# weft — build, test, demo and benchmark. Run as root on Debian: every target
+# installs what it needs first (apt packages once; Go modules from the proxy).
+
+SHELL   := /bin/bash
+export PATH := /usr/local/go/bin:$(PATH)
+GO      ?= go
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X github.com/weft-net/weft/router.Version=$(VERSION)
+BIN     := $(CURDIR)/bin
+export WEFT_BIN_DIR := $(BIN)
+
+# Debian packages the tests, the demo and the benchmarks use.
+APT_PKGS := iproute2 nftables iputils-ping iperf3 tcpdump containernetworking-plugins
+
+.PHONY: all deps build test test-unit fuzz demo bench clean
+
+all: build
+
+# deps installs the Debian packages that are missing (needs root and apt).
+deps:
+	@missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+	@command -v $(GO) >/dev/null || { echo "Go is missing: install Go $$(sed -n 's/^go //p' go.mod) at /usr/local/go"; exit 1; }
+
+build:
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/weft ./cmd/weft
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/weft-cni ./cmd/weft-cni
+	$(GO) build -o $(BIN)/portmap github.com/containernetworking/plugins/plugins/meta/portmap
+
+# test: everything, with the race detector; root tests run for real in
+# network namespaces that the tests make and remove.
+test: deps build
+	$(GO) vet ./...
+	$(GO) test -race -count=1 -timeout 20m ./...
+	$(MAKE) --no-print-directory fuzz FUZZTIME=10s
+
+test-unit:
+	$(GO) test -race -short ./...
+
+# fuzz: a short run of every fuzz target (FUZZTIME each).
+FUZZTIME ?= 30s
+fuzz:
+	@for t in $$($(GO) list ./...); do \
+		for f in $$($(GO) test -list '^Fuzz' $$t 2>/dev/null | grep '^Fuzz'); do \
+			echo "fuzz $$t $$f ($(FUZZTIME))"; \
+			$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$t >/tmp/weft-fuzz.log 2>&1 || { cat /tmp/weft-fuzz.log; exit 1; }; \
+		done; \
+	done
+
+# demo: a local cluster in network namespaces, pods pinging, status printed.
+demo: deps build
+	$(BIN)/weft demo
+
+# bench: benchmarks with their baselines, results for docs/benchmarks.md.
+bench: deps build
+	$(GO) run ./e2e/cmd/cnibench -n 100
+	$(GO) test -run '^$$' -bench . -benchmem ./ipalloc/
+
+clean:
+	rm -rf $(BIN)

@@ -1,0 +1,76 @@
+package router
+
+import (
+	"strings"
+	"testing"
+)
+
+func validConfig(t *testing.T) Config {
+	c := Defaults()
+	dir := t.TempDir()
+	c.StateDir, c.Socket, c.CNIBinDir, c.CNIConfDir = dir+"/state", dir+"/weft.sock", dir+"/bin", dir+"/conf"
+	return c
+}
+
+func TestValidate(t *testing.T) {
+	if _, err := Defaults().Validate(); err != nil {
+		t.Fatalf("defaults do not validate: %v", err)
+	}
+	for _, tc := range []struct {
+		name   string
+		mutate func(*Config)
+		want   string // substring of the error
+	}{
+		{"range not a CIDR", func(c *Config) { c.IPAllocRange = "10.32.0.0" }, "--ipalloc-range"},
+		{"range IPv6", func(c *Config) { c.IPAllocRange = "fd00::/64" }, "IPv6"},
+		{"range too small", func(c *Config) { c.IPAllocRange = "10.32.0.0/30" }, "prefix length"},
+		{"init unknown", func(c *Config) { c.IPAllocInit = "paxos" }, "--ipalloc-init"},
+		{"init consensus=0", func(c *Config) { c.IPAllocInit = "consensus=0" }, "consensus=N"},
+		{"init seed empty", func(c *Config) { c.IPAllocInit = "seed=" }, "seed="},
+		{"encap", func(c *Config) { c.Encap = "vxlan" }, "--encap"},
+		{"log level", func(c *Config) { c.LogLevel = "loud" }, "--log-level"},
+		{"host", func(c *Config) { c.Host = "node1" }, "--host"},
+		{"port", func(c *Config) { c.Port = 0 }, "--port"},
+		{"mtu", func(c *Config) { c.MTU = 10 }, "--mtu"},
+		{"relative state dir", func(c *Config) { c.StateDir = "state" }, "--state-dir"},
+		{"socket too long", func(c *Config) { c.Socket = "/" + strings.Repeat("s", 120) }, "107 bytes"},
+		{"bridge name too long", func(c *Config) { c.Bridge = "a-very-long-bridge" }, "--bridge"},
+		{"name with space", func(c *Config) { c.Name = "a b" }, "--name"},
+		{"http addr", func(c *Config) { c.HTTPAddr = "6784" }, "--http-addr"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := validConfig(t)
+			tc.mutate(&c)
+			_, err := c.Validate()
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Validate() = %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestParseInit(t *testing.T) {
+	for in, want := range map[string]string{
+		"consensus": "consensus", "consensus=3": "consensus=3", "seed=a,b, c": "seed=a,b,c", "observer": "observer",
+	} {
+		m, err := ParseInit(in)
+		if err != nil || m.String() != want {
+			t.Errorf("ParseInit(%q) = %v, %v; want %s", in, m, err, want)
+		}
+	}
+	for _, in := range []string{"", "observer=1", "consensus=x", "consensus=-1", "seed"} {
+		if _, err := ParseInit(in); err == nil {
+			t.Errorf("ParseInit(%q) accepted", in)
+		}
+	}
+}
+
+func TestOptionsHaveEveryFlagAndRange(t *testing.T) {
+	opts := Defaults().Options()
+	if opts["ipalloc-range"] != "10.32.0.0/12" {
+		t.Fatalf("options line lacks ipalloc-range: %v", opts)
+	}
+	if len(opts) != 17 {
+		t.Fatalf("options has %d entries; a new flag must be added to Options()", len(opts))
+	}
+}
