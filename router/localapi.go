@@ -82,7 +82,9 @@ func decode(w http.ResponseWriter, req *http.Request, v any) bool {
 	return true
 }
 
-func key(a api.Attachment) ipalloc.Key { return ipalloc.Key{ContainerID: a.ContainerID, IfName: a.IfName} }
+func key(a api.Attachment) ipalloc.Key {
+	return ipalloc.Key{ContainerID: a.ContainerID, IfName: a.IfName}
+}
 
 func (l *localAPI) allocation(k ipalloc.Key, addr ipalloc.Address, isNew bool) api.Allocation {
 	net := l.r.net()
