@@ -29,7 +29,9 @@ const (
 const internalPrefix = "_weft_"
 
 // GatewayKey is the key under which the router holds its bridge's address.
-func GatewayKey(bridge string) Key { return Key{ContainerID: internalPrefix + "gateway", IfName: bridge} }
+func GatewayKey(bridge string) Key {
+	return Key{ContainerID: internalPrefix + "gateway", IfName: bridge}
+}
 
 // Internal reports whether k is held by the router itself.
 func (k Key) Internal() bool { return strings.HasPrefix(k.ContainerID, internalPrefix) }
@@ -76,6 +78,9 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
 	s := &Service{db: cfg.DB, log: cfg.Log, now: cfg.Now, universe: cfg.Universe, meta: map[Key]Meta{}}
 	s.a = NewAllocator(cfg.Self, RangeOf(cfg.Universe))
 
@@ -91,9 +96,9 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 	if err := s.loadRing(); err != nil {
 		return nil, err
 	}
-	if err := s.loadAllocations(); err != nil {
-		return nil, err
-	}
+	// Claim before restoring allocations, so that saved allocations of a state
+	// whose ring record went missing are restored into the claim rather than
+	// set aside while the same addresses become free.
 	if s.a.ring.Empty() {
 		if err := s.a.ClaimAlone(); err != nil {
 			return nil, err
@@ -101,6 +106,9 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 		if err := s.saveRing(); err != nil {
 			return nil, err
 		}
+	}
+	if err := s.loadAllocations(); err != nil {
+		return nil, err
 	}
 	s.logOwnership()
 	return s, nil
@@ -208,8 +216,11 @@ func (s *Service) Allocate(k Key, m Meta) (netip.Addr, bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	addr, isNew, err := s.a.Allocate(k)
-	if err != nil || !isNew {
-		return addr.Addr(), isNew, err
+	if err != nil {
+		return netip.Addr{}, false, err // not 0.0.0.0, which looks like an address
+	}
+	if !isNew {
+		return addr.Addr(), false, nil
 	}
 	m.Created = s.now().UTC()
 	data, err := json.Marshal(record{Address: addr.String(), Meta: m})

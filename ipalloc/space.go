@@ -137,9 +137,12 @@ func (s *Space) Allocate() (Address, bool) {
 		return 0, false
 	}
 	// Start in the block of the cursor (or the next one), go round once.
-	start := 0
-	for start < len(s.blocks) && s.blocks[start].r.End <= s.cursor {
+	start, cursor := 0, s.cursor
+	for start < len(s.blocks) && s.blocks[start].r.End <= cursor {
 		start++
+	}
+	if start == len(s.blocks) { // the cursor is past the last block: wrap
+		start, cursor = 0, 0
 	}
 	for k := 0; k <= len(s.blocks); k++ {
 		i := (start + k) % len(s.blocks)
@@ -149,7 +152,7 @@ func (s *Space) Allocate() (Address, bool) {
 		}
 		from := b.r.Start
 		if k == 0 {
-			from = s.cursor
+			from = cursor
 		}
 		if a, ok := b.firstFree(from); ok {
 			b.set(a, true)
@@ -172,13 +175,25 @@ func (s *Space) FreeIn(r Range) uint32 {
 			n += b.r.Size() - b.nused
 			continue
 		}
-		for a := max(r.Start, b.r.Start); a < min(r.End, b.r.End); a++ {
-			if !b.isUsed(a) {
-				n++
-			}
-		}
+		lo, hi := uint32(max(r.Start, b.r.Start)-b.r.Start), uint32(min(r.End, b.r.End)-b.r.Start)
+		n += (hi - lo) - b.usedBetween(lo, hi)
 	}
 	return n
+}
+
+// usedBetween counts the used bits in [lo, hi), a word at a time.
+func (b *block) usedBetween(lo, hi uint32) uint32 {
+	var n int
+	for i := lo; i < hi; {
+		w := b.used[i/64] >> (i % 64)
+		width := min(64-i%64, hi-i)
+		if width < 64 {
+			w &= 1<<width - 1
+		}
+		n += bits.OnesCount64(w)
+		i += width
+	}
+	return uint32(n)
 }
 
 // Size is the number of addresses in the space; Used of those in use.
