@@ -100,7 +100,8 @@ func (l *localAPI) allocation(k ipalloc.Key, addr ipalloc.Address, isNew bool) a
 
 func (l *localAPI) notReady(w http.ResponseWriter) bool {
 	if ok, reason := l.r.Ready(); !ok {
-		writeError(w, http.StatusServiceUnavailable, api.CodeNotReady, "weft router is not ready: "+reason+"; try again later")
+		// With CodeNotReady the message is the bare reason; clients word it.
+		writeError(w, http.StatusServiceUnavailable, api.CodeNotReady, reason)
 		return true
 	}
 	return false
