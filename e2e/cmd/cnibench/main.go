@@ -1,0 +1,197 @@
+// Command cnibench measures the latency of CNI ADD and DEL as a container
+// runtime sees it: libcni in-process, the plugins run inside a node's network
+// namespace (the e2e package's runtime). It adds -n pods one after another,
+// then deletes them one after another, and prints a markdown table row per
+// configuration with the mean, median and 99th percentile.
+//
+//	cnibench            # both configurations, side by side
+//	cnibench -ref       # the reference bridge + host-local plugins only
+//	cnibench -weft      # a weft router's conflist only (needs `make build`)
+//
+// Needs root. Everything it makes lives in namespaces of its own and is
+// removed on exit, also on SIGINT and SIGTERM.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/netip"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/weft-net/weft/e2e"
+)
+
+func main() { os.Exit(run()) }
+
+func run() int {
+	n := flag.Int("n", 100, "pods per configuration, added then deleted one after another")
+	ref := flag.Bool("ref", false, "measure the reference bridge + host-local conflist")
+	weft := flag.Bool("weft", false, "measure the conflist a weft router writes")
+	refBin := flag.String("ref-bin", e2e.RefPluginDir, "directory of the reference CNI plugins")
+	binDir := flag.String("bin", "", "directory of the weft binaries (default $WEFT_BIN_DIR, else bin/ of the weft module)")
+	routerArgs := flag.String("router-args", "", "extra arguments for `weft router`, separated by spaces")
+	verbose := flag.Bool("v", false, "log what the harness does on stderr")
+	flag.Parse()
+	if flag.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "cnibench: unexpected arguments %q\n", flag.Args())
+		return 2
+	}
+	if *n < 1 || *n > 5000 {
+		fmt.Fprintf(os.Stderr, "cnibench: -n is %d; give 1 to 5000 pods\n", *n)
+		return 2
+	}
+	if !*ref && !*weft {
+		*ref, *weft = true, true
+	}
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "cnibench: needs root to make network namespaces")
+		return 2
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop() // after Close, so that a second signal cannot cut Close short
+	var logw io.Writer = io.Discard
+	if *verbose {
+		logw = os.Stderr
+	}
+	log := slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelDebug}))
+
+	r, err := e2e.NewRun(e2e.Options{Log: log, BinDir: *binDir})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "cnibench:", err)
+		return 1
+	}
+	defer func() {
+		if err := r.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, "cnibench:", err)
+		}
+	}()
+	c, err := r.NewCluster(ctx, e2e.ClusterOpts{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "cnibench:", err)
+		return 1
+	}
+
+	fmt.Println("| conflist | pods | ADD mean | ADD p50 | ADD p99 | DEL mean | DEL p50 | DEL p99 |")
+	fmt.Println("|---|---|---|---|---|---|---|---|")
+	failed := false
+	if *ref {
+		node, err := refNode(ctx, c, *refBin)
+		if err == nil {
+			err = measure(ctx, node, "reference bridge + host-local", *n)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "cnibench: reference:", err)
+			failed = true
+		}
+	}
+	if *weft && ctx.Err() == nil {
+		node, err := weftNode(ctx, c, strings.Fields(*routerArgs))
+		if err == nil {
+			err = measure(ctx, node, "weft", *n)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "cnibench: weft:", err)
+			failed = true
+		}
+	}
+	if failed || ctx.Err() != nil {
+		return 1
+	}
+	return 0
+}
+
+// refNode is a node with the reference conflist.
+func refNode(ctx context.Context, c *e2e.Cluster, pluginDir string) (*e2e.Node, error) {
+	node, err := c.AddNode(ctx, "ref")
+	if err != nil {
+		return nil, err
+	}
+	node.CNIPath = append(node.CNIPath, pluginDir)
+	if err := node.UseRefConfList(netip.MustParsePrefix("10.88.0.0/16")); err != nil {
+		return nil, err
+	}
+	return node, nil
+}
+
+// weftNode is a node with a ready weft router and the conflist it wrote.
+func weftNode(ctx context.Context, c *e2e.Cluster, routerArgs []string) (*e2e.Node, error) {
+	node, err := c.AddNode(ctx, "weft")
+	if err != nil {
+		return nil, err
+	}
+	if _, err := node.StartRouter(routerArgs...); err != nil {
+		return nil, err
+	}
+	if err := node.WaitReady(ctx); err != nil {
+		return nil, err
+	}
+	return node, nil
+}
+
+// measure adds n pods on node one after another, then deletes them, timing
+// each CNI call (making the pod's namespace is not timed), and prints a row.
+func measure(ctx context.Context, node *e2e.Node, label string, n int) error {
+	var add, del []time.Duration
+	pods := make([]*e2e.Pod, 0, n)
+	for i := range n {
+		p, err := node.NewPod(ctx, fmt.Sprintf("b%d", i))
+		if err != nil {
+			return err
+		}
+		start := time.Now()
+		err = node.Attach(ctx, p)
+		add = append(add, time.Since(start))
+		if err != nil {
+			return err
+		}
+		pods = append(pods, p)
+	}
+	var errs []error
+	for _, p := range pods {
+		start := time.Now()
+		err := node.DelPod(ctx, p)
+		del = append(del, time.Since(start))
+		if err != nil {
+			errs = append(errs, err)
+			if ctx.Err() != nil {
+				break
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	a, d := summarize(add), summarize(del)
+	fmt.Printf("| %s | %d | %s | %s | %s | %s | %s | %s |\n", label, n, ms(a.mean), ms(a.p50), ms(a.p99), ms(d.mean), ms(d.p50), ms(d.p99))
+	return nil
+}
+
+type summary struct{ mean, p50, p99 time.Duration }
+
+// summarize computes the mean and the nearest-rank percentiles.
+func summarize(ds []time.Duration) summary {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	var sum time.Duration
+	for _, d := range s {
+		sum += d
+	}
+	rank := func(p float64) time.Duration {
+		i := int(math.Ceil(p*float64(len(s)))) - 1
+		return s[max(0, min(i, len(s)-1))]
+	}
+	return summary{mean: sum / time.Duration(len(s)), p50: rank(0.50), p99: rank(0.99)}
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond)) }
