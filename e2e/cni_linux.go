@@ -127,31 +127,34 @@ func (n *Node) WriteConfList(file string, data []byte) error {
 // UseRefConfList writes RefConfList(subnet) as the node's 10-ref.conflist,
 // keeping host-local's state in the node's directory. Add RefPluginDir to
 // ClusterOpts.CNIPath so that the plugins are found.
-func (n *Node) UseRefConfList(subnet netip.Prefix) error {
-	return n.WriteConfList("10-ref.conflist", RefConfList(subnet, filepath.Join(n.Dir, "ipam")))
+func (n *Node) UseRefConfList(subnet netip.Prefix, portmap bool) error {
+	return n.WriteConfList("10-ref.conflist", RefConfList(subnet, filepath.Join(n.Dir, "ipam"), portmap))
 }
 
 // RefConfList is a conflist of the reference plugins: bridge "cni-ref" with
 // the gateway address, host-local IPAM over subnet with its state in
 // ipamDir, and a default route. It needs no iptables.
-func RefConfList(subnet netip.Prefix, ipamDir string) []byte {
-	conf := map[string]any{
-		"cniVersion": "1.0.0",
-		"name":       "ref",
-		"plugins": []any{map[string]any{
-			"type":        "bridge",
-			"bridge":      "cni-ref",
-			"isGateway":   true,
-			"ipMasq":      false,
-			"hairpinMode": true,
-			"ipam": map[string]any{
-				"type":    "host-local",
-				"ranges":  [][]map[string]string{{{"subnet": subnet.Masked().String()}}},
-				"routes":  []map[string]string{{"dst": "0.0.0.0/0"}},
-				"dataDir": ipamDir,
-			},
-		}},
+//
+// With portmap, the chain ends in portmap as weft's does (nftables backend),
+// so that whole chains can be compared.
+func RefConfList(subnet netip.Prefix, ipamDir string, portmap bool) []byte {
+	plugins := []any{map[string]any{
+		"type":        "bridge",
+		"bridge":      "cni-ref",
+		"isGateway":   true,
+		"ipMasq":      false,
+		"hairpinMode": true,
+		"ipam": map[string]any{
+			"type":    "host-local",
+			"ranges":  [][]map[string]string{{{"subnet": subnet.Masked().String()}}},
+			"routes":  []map[string]string{{"dst": "0.0.0.0/0"}},
+			"dataDir": ipamDir,
+		},
+	}}
+	if portmap {
+		plugins = append(plugins, map[string]any{"type": "portmap", "capabilities": map[string]bool{"portMappings": true}, "snat": true, "backend": "nftables"})
 	}
+	conf := map[string]any{"cniVersion": "1.0.0", "name": "ref", "plugins": plugins}
 	data, err := json.MarshalIndent(conf, "", "  ")
 	if err != nil {
 		panic(err) // maps of strings always marshal

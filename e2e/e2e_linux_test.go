@@ -96,7 +96,7 @@ func TestReferencePlugins(t *testing.T) {
 	n := c.Nodes[0]
 	subnet := netip.MustParsePrefix("10.88.0.0/16")
 	gateway := netip.MustParseAddr("10.88.0.1")
-	if err := n.UseRefConfList(subnet); err != nil {
+	if err := n.UseRefConfList(subnet, true); err != nil {
 		t.Fatal(err)
 	}
 	// A daemon, to see that Close kills what runs in a node.

@@ -26,7 +26,9 @@ func ConfList(socket string) ([]byte, error) {
 		"name":        "weft",
 		"plugins": []any{
 			map[string]any{"type": "weft-cni", "socket": socket},
-			map[string]any{"type": "portmap", "capabilities": map[string]bool{"portMappings": true}, "snat": true},
+			// nftables, like weft's own rules: portmap then neither probes for
+			// iptables (an exec per ADD) nor depends on its legacy/nft flavour.
+			map[string]any{"type": "portmap", "capabilities": map[string]bool{"portMappings": true}, "snat": true, "backend": "nftables"},
 		},
 	}
 	return json.MarshalIndent(conf, "", "  ")

@@ -23,12 +23,14 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/weft-net/weft/e2e"
+	"github.com/weft-net/weft/router"
 )
 
 func main() { os.Exit(run()) }
@@ -85,25 +87,43 @@ func run() int {
 	fmt.Println("| conflist | pods | ADD mean | ADD p50 | ADD p99 | DEL mean | DEL p50 | DEL p99 |")
 	fmt.Println("|---|---|---|---|---|---|---|---|")
 	failed := false
-	if *ref {
-		node, err := refNode(ctx, c, *refBin)
-		if err == nil {
-			err = measure(ctx, node, "reference bridge + host-local", *n)
+	bench := func(label, podPrefix string, node *e2e.Node, err error) {
+		if err == nil && ctx.Err() == nil {
+			err = measure(ctx, node, label, podPrefix, *n)
 		}
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "cnibench: reference:", err)
+			fmt.Fprintf(os.Stderr, "cnibench: %s: %v\n", label, err)
 			failed = true
 		}
 	}
-	if *weft && ctx.Err() == nil {
-		node, err := weftNode(ctx, c, strings.Fields(*routerArgs))
+	// Pairs of like with like, each pair measured back to back: the plugin
+	// alone, then the whole chain ending in portmap (the same portmap binary,
+	// nftables backend, for both).
+	if *ref {
+		node, err := refNode(ctx, c, *refBin)
 		if err == nil {
-			err = measure(ctx, node, "weft", *n)
+			err = node.UseRefConfList(refSubnet, false)
 		}
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "cnibench: weft:", err)
-			failed = true
+		bench("reference bridge + host-local", "r", node, err)
+		if err == nil {
+			err = node.UseRefConfList(refSubnet, true)
 		}
+		bench("reference bridge + host-local + portmap", "rp", node, err)
+	}
+	if *weft {
+		node, err := weftNode(ctx, c, strings.Fields(*routerArgs))
+		var conf []byte
+		if err == nil {
+			conf, err = os.ReadFile(filepath.Join(node.CNIConfDir, router.ConfListName))
+		}
+		if err == nil {
+			err = node.WriteConfList(router.ConfListName, weftOnly(node.Socket))
+		}
+		bench("weft-cni", "w", node, err)
+		if err == nil {
+			err = node.WriteConfList(router.ConfListName, conf)
+		}
+		bench("weft-cni + portmap (the conflist weft writes)", "wp", node, err)
 	}
 	if failed || ctx.Err() != nil {
 		return 1
@@ -117,11 +137,20 @@ func refNode(ctx context.Context, c *e2e.Cluster, pluginDir string) (*e2e.Node, 
 	if err != nil {
 		return nil, err
 	}
-	node.CNIPath = append(node.CNIPath, pluginDir)
-	if err := node.UseRefConfList(netip.MustParsePrefix("10.88.0.0/16")); err != nil {
+	// weft's bin dir first, so that both chains run the same portmap.
+	bin, err := c.Run.BinDir()
+	if err != nil {
 		return nil, err
 	}
+	node.CNIPath = append(node.CNIPath, bin, pluginDir)
 	return node, nil
+}
+
+var refSubnet = netip.MustParsePrefix("10.88.0.0/16")
+
+// weftOnly is a conflist with weft-cni alone.
+func weftOnly(socket string) []byte {
+	return []byte(fmt.Sprintf(`{"cniVersion":"1.0.0","name":"weft","plugins":[{"type":"weft-cni","socket":%q}]}`, socket))
 }
 
 // weftNode is a node with a ready weft router and the conflist it wrote.
@@ -141,11 +170,11 @@ func weftNode(ctx context.Context, c *e2e.Cluster, routerArgs []string) (*e2e.No
 
 // measure adds n pods on node one after another, then deletes them, timing
 // each CNI call (making the pod's namespace is not timed), and prints a row.
-func measure(ctx context.Context, node *e2e.Node, label string, n int) error {
+func measure(ctx context.Context, node *e2e.Node, label, podPrefix string, n int) error {
 	var add, del []time.Duration
 	pods := make([]*e2e.Pod, 0, n)
 	for i := range n {
-		p, err := node.NewPod(ctx, fmt.Sprintf("b%d", i))
+		p, err := node.NewPod(ctx, fmt.Sprintf("%s%d", podPrefix, i))
 		if err != nil {
 			return err
 		}
