@@ -1,5 +1,34 @@
 package main
 
-import "errors"
+import (
+	"context"
+	"errors"
+	"flag"
+	"os"
+	"os/signal"
+	"syscall"
 
-func cmdDemo(args []string) error { return errors.New("not yet wired") }
+	"github.com/weft-net/weft/e2e"
+)
+
+func cmdDemo(args []string) error {
+	o := e2e.DemoOptions{Nodes: 1, Pods: 3, Out: os.Stdout}
+	fs := flag.NewFlagSet("weft demo", flag.ContinueOnError)
+	fs.IntVar(&o.Nodes, "nodes", o.Nodes, "nodes in the cluster")
+	fs.IntVar(&o.Pods, "pods", o.Pods, "pods per node")
+	fs.BoolVar(&o.Keep, "keep", false, "stay up until Ctrl-C, then clean up")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if os.Geteuid() != 0 {
+		return errors.New("the demo makes network namespaces: run it as root")
+	}
+	// Ctrl-C cancels the demo; Demo then removes everything before returning.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := e2e.Demo(ctx, o)
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
