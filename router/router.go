@@ -16,6 +16,7 @@ import (
 
 	"github.com/weft-net/weft/bridge"
 	"github.com/weft-net/weft/ipalloc"
+	"github.com/weft-net/weft/mesh"
 	"github.com/weft-net/weft/state"
 	"github.com/weft-net/weft/tunnel"
 )
@@ -36,6 +37,9 @@ type Router struct {
 	metrics *metrics
 	name    string
 	srcDir  string // where weft-cni and portmap are installed from
+
+	mesh       *mesh.Mesh // set by Run
+	knownPeers []string   // as last saved
 
 	mu       sync.Mutex
 	netState netState
@@ -83,8 +87,8 @@ func New(cfg *Validated, log *slog.Logger) (*Router, error) {
 	if err != nil {
 		return fail(fmt.Errorf("reading the peer name from %s: %w", db.Path(), err))
 	}
-	if len(cfg.Peers) > 0 {
-		log.Warn("--peers is set, but this build of weft runs a single peer; the mesh arrives with the mesh issue", "peers", cfg.Peers)
+	if err := ValidatePeerName(r.name); err != nil {
+		return fail(fmt.Errorf("the peer name saved in %s is invalid (%w); start with --name", db.Path(), err))
 	}
 	r.ipam, err = ipalloc.NewService(ipalloc.ServiceConfig{
 		Self: ipalloc.PeerName(r.name), Universe: cfg.Universe, DB: db, Log: log,
@@ -117,6 +121,16 @@ func (r *Router) Run(ctx context.Context) error {
 	if err := r.setupNetwork(); err != nil {
 		return err
 	}
+	if err := r.startMesh(ctx); err != nil {
+		return err
+	}
+	// The mesh is left before the state closes (deferred above, so later).
+	defer func() {
+		r.saveKnownPeers()
+		if err := r.mesh.Close(); err != nil {
+			r.log.Warn("closing the mesh", "err", err)
+		}
+	}()
 
 	apiLn, err := listenUnix(r.cfg.Socket)
 	if err != nil {
@@ -176,6 +190,7 @@ loop:
 			if err := r.ensureBridge(); err != nil {
 				r.log.Error("re-ensuring the bridge failed", "err", err)
 			}
+			r.saveKnownPeers()
 		}
 	}
 	r.log.Info("shutting down")

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/weft-net/weft/ipalloc"
+	"github.com/weft-net/weft/mesh"
 )
 
 // Report is the JSON of GET /report: everything /status shows, and more.
@@ -32,7 +33,8 @@ type RouterReport struct {
 	Encap    string `json:"encap"`
 	Ready    bool   `json:"ready"`
 	Reason   string `json:"reason,omitempty"`
-	Peers    int    `json:"peers"`
+	// Mesh is the peers, connections and targets of this peer.
+	Mesh mesh.Report `json:"mesh"`
 }
 
 // IPAMReport describes the allocator.
@@ -77,7 +79,7 @@ func (r *Router) Report() Report {
 		Router: RouterReport{
 			Name: r.name, Nickname: r.cfg.Nickname, Host: net.host.String(),
 			Bridge: r.cfg.Bridge, MTU: net.mtu, Encap: string(r.cfg.Encap),
-			Ready: ready, Reason: reason, Peers: 1,
+			Ready: ready, Reason: reason,
 		},
 		IPAM: IPAMReport{
 			Status:        r.ipamStatus(snap),
@@ -88,6 +90,11 @@ func (r *Router) Report() Report {
 			Owned:         []string{},
 			Allocations:   []AllocReport{},
 		},
+	}
+	if r.mesh != nil {
+		rep.Router.Mesh = r.mesh.Report()
+	} else {
+		rep.Router.Mesh = mesh.Report{Name: mesh.PeerName(r.name), Nickname: r.cfg.Nickname, PeerCount: 1}
 	}
 	if net.gateway.IsValid() {
 		rep.Router.Gateway = net.gateway.Addr().String()
@@ -142,9 +149,10 @@ func WriteStatus(w io.Writer, rep Report) {
 	line("Host", rep.Router.Host)
 	line("Bridge", fmt.Sprintf("%s (gateway %s, pod MTU %d)", rep.Router.Bridge, rep.Router.Gateway, rep.Router.MTU))
 	line("Encryption", "disabled")
-	line("Peers", fmt.Sprint(rep.Router.Peers))
-	line("Connections", "0")
-	line("Targets", "0")
+	m := rep.Router.Mesh
+	line("Peers", fmt.Sprint(m.PeerCount))
+	line("Connections", fmt.Sprintf("%d (%d established)", len(m.Connections), m.Established))
+	line("Targets", fmt.Sprint(len(m.Targets)))
 	if rep.Router.Ready {
 		line("Ready", "yes")
 	} else {
@@ -186,6 +194,8 @@ func (r *Router) statusHandler(loopbackOnly bool) http.Handler {
 	}
 	mux.HandleFunc("/status", text(WriteStatus))
 	mux.HandleFunc("/status/ipam", text(WriteIPAM))
+	mux.HandleFunc("/status/peers", r.meshText((*mesh.Mesh).WriteStatusPeers))
+	mux.HandleFunc("/status/connections", r.meshText((*mesh.Mesh).WriteStatusConnections))
 	mux.HandleFunc("/report", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)
@@ -215,6 +225,18 @@ func (r *Router) statusHandler(loopbackOnly bool) http.Handler {
 		}
 		mux.ServeHTTP(w, req)
 	})
+}
+
+// meshText serves a text view of the mesh.
+func (r *Router) meshText(f func(*mesh.Mesh, io.Writer) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if r.mesh == nil {
+			http.Error(w, "the mesh has not started yet", http.StatusServiceUnavailable)
+			return
+		}
+		_ = f(r.mesh, w)
+	}
 }
 
 func isLoopbackHost(hostport string) bool {

@@ -18,7 +18,7 @@ const usage = `usage: weft <command> [flags]
 
 commands:
   router    run the weft peer of this node (the daemon)
-  status    show a router's status: weft status [ipam|report]
+  status    show a router's status: weft status [ipam|peers|connections|report]
   demo      build a local cluster in network namespaces and show it working
   version   print the version
 

@@ -36,10 +36,14 @@ func cmdStatus(args []string) error {
 	case "":
 	case "ipam":
 		path = "/status/ipam"
+	case "peers":
+		path = "/status/peers"
+	case "connections":
+		path = "/status/connections"
 	case "report":
 		path = "/report"
 	default:
-		return fmt.Errorf("unknown status %q: use weft status [ipam|report]", sub)
+		return fmt.Errorf("unknown status %q: use weft status [ipam|peers|connections|report]", sub)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -1,0 +1,86 @@
+package mesh
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the mesh's Prometheus collectors. They always exist (tests
+// read them); they are registered only when Config.Registerer is set.
+type metrics struct {
+	peers     *prometheus.GaugeVec   // state
+	messages  *prometheus.CounterVec // channel, direction, kind
+	bytes     *prometheus.CounterVec // channel, direction, kind
+	dropped   *prometheus.CounterVec // reason
+	conflicts prometheus.Counter
+	badMeta   prometheus.Counter
+	joins     *prometheus.CounterVec // result
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		peers: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "weft_mesh_peers", Help: "Peers this peer knows (itself included), by state.",
+		}, []string{"state"}),
+		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "weft_mesh_gossip_messages_total",
+			Help: "Gossip channel messages by channel, direction (in, out) and kind (broadcast, unicast, state).",
+		}, []string{"channel", "direction", "kind"}),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "weft_mesh_gossip_bytes_total",
+			Help: "Gossip channel payload bytes by channel, direction (in, out) and kind (broadcast, unicast, state).",
+		}, []string{"channel", "direction", "kind"}),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "weft_mesh_dropped_messages_total",
+			Help: "Gossip messages dropped, by reason (malformed, truncated, oversized, version, unknown-channel, rejected, queue-full, relay-too-large).",
+		}, []string{"reason"}),
+		conflicts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "weft_mesh_name_conflicts_total",
+			Help: "Times a live peer was seen claiming a name another peer has.",
+		}),
+		badMeta: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "weft_mesh_invalid_metadata_total",
+			Help: "Peer metadata records that failed to decode.",
+		}),
+		joins: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "weft_mesh_join_attempts_total",
+			Help: "Attempts to join a target address, by result (ok, failed, unresolvable).",
+		}, []string{"result"}),
+	}
+	for _, s := range []PeerState{StateAlive, StateSuspect, StateUnreachable, StateLeft} {
+		m.peers.WithLabelValues(s.String())
+	}
+	for _, r := range []string{reasonTruncated, reasonOversized, reasonMalformed, reasonVersion, reasonUnknown, reasonRejected, reasonQueueFull, reasonTooLarge} {
+		m.dropped.WithLabelValues(r)
+	}
+	if reg != nil {
+		var done []prometheus.Collector
+		for _, c := range m.collectors() {
+			if err := reg.Register(c); err != nil {
+				for _, d := range done {
+					reg.Unregister(d)
+				}
+				return nil, err
+			}
+			done = append(done, c)
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) count(channel, direction, kind string, n int) {
+	m.messages.WithLabelValues(channel, direction, kind).Inc()
+	m.bytes.WithLabelValues(channel, direction, kind).Add(float64(n))
+}
+
+func (m *metrics) unregister(reg prometheus.Registerer) {
+	if reg == nil {
+		return
+	}
+	for _, c := range m.collectors() {
+		reg.Unregister(c)
+	}
+}
+
+func (m *metrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.peers, m.messages, m.bytes, m.dropped, m.conflicts, m.badMeta, m.joins}
+}

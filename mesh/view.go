@@ -1,0 +1,449 @@
+package mesh
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+)
+
+// PeerState is a peer's state in this peer's view.
+type PeerState int
+
+// Peer states. Memberlist does not expose its own short-lived SWIM
+// suspicion, so StateSuspect here means: memberlist still counts the peer
+// alive, but at least one other live peer reports it unreachable.
+const (
+	StateAlive       PeerState = iota // reachable
+	StateSuspect                      // alive here, unreachable from some other peer
+	StateUnreachable                  // failed: memberlist declared it dead
+	StateLeft                         // left gracefully (Close)
+)
+
+func (s PeerState) String() string {
+	switch s {
+	case StateAlive:
+		return "alive"
+	case StateSuspect:
+		return "suspect"
+	case StateUnreachable:
+		return "unreachable"
+	case StateLeft:
+		return "left"
+	}
+	return fmt.Sprintf("state(%d)", int(s))
+}
+
+// MarshalText makes a state a string in JSON.
+func (s PeerState) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// Peer is one peer as this peer sees it.
+type Peer struct {
+	Name     PeerName       `json:"name"`
+	Nickname string         `json:"nickname,omitempty"`
+	Addr     netip.AddrPort `json:"address"` // gossip address
+	DataPort uint16         `json:"dataPort,omitempty"`
+	State    PeerState      `json:"state"`
+	Since    time.Time      `json:"since"` // last state change
+	Self     bool           `json:"self,omitempty"`
+	Meta     Meta           `json:"meta"`
+	// MetaError is set when the peer's metadata did not decode; Meta is
+	// then empty and the peer shows as "invalid metadata".
+	MetaError string `json:"metaError,omitempty"`
+	// ReachableFrom counts the live peers, this one included, that see
+	// this peer alive. The names are left out because the list is
+	// quadratic in the cluster size; see Mesh.ReachableFrom.
+	ReachableFrom int `json:"reachableFrom"`
+	// UnreachableFrom lists the live peers that report this one
+	// unreachable (usually none).
+	UnreachableFrom []PeerName `json:"unreachableFrom,omitempty"`
+}
+
+func (p Peer) label() string { return fmt.Sprintf("%s(%s)", p.Name, p.Addr.Addr()) }
+
+// EventKind says what happened to a peer.
+type EventKind int
+
+// Event kinds.
+const (
+	EventJoined      EventKind = iota + 1 // first seen alive
+	EventRejoined                         // alive again after unreachable or left
+	EventUpdated                          // metadata or address changed, or reachable again after suspect
+	EventSuspect                          // some live peer reports it unreachable
+	EventUnreachable                      // declared dead
+	EventLeft                             // left gracefully
+)
+
+func (k EventKind) String() string {
+	switch k {
+	case EventJoined:
+		return "joined"
+	case EventRejoined:
+		return "rejoined"
+	case EventUpdated:
+		return "updated"
+	case EventSuspect:
+		return "suspect"
+	case EventUnreachable:
+		return "unreachable"
+	case EventLeft:
+		return "left"
+	}
+	return fmt.Sprintf("event(%d)", int(k))
+}
+
+// MarshalText makes a kind a string in JSON.
+func (k EventKind) MarshalText() ([]byte, error) { return []byte(k.String()), nil }
+
+// Event is a change of a peer, as delivered to subscribers.
+type Event struct {
+	Kind EventKind
+	Peer Peer
+	// Dropped counts the events this subscriber missed just before this
+	// one because its channel was full; re-read Peers to resynchronise.
+	Dropped int
+}
+
+// peerEntry is a peer in the view: the exported Peer, plus memberlist's
+// verdict (base) from which State is derived, and whether a leaving
+// report arrived since it last joined.
+type peerEntry struct {
+	Peer
+	base PeerState // alive, unreachable or left, from memberlist's events
+	bye  bool
+}
+
+type subscriber struct {
+	ch      chan Event
+	dropped int
+}
+
+// Subscribe returns a channel of peer events with the given buffer and a
+// function that ends the subscription. Events are never blocked on: a
+// subscriber that falls behind loses events and learns how many from the
+// next one's Dropped. The channel is closed by cancel or Close.
+func (m *Mesh) Subscribe(buffer int) (<-chan Event, func()) {
+	s := &subscriber{ch: make(chan Event, max(buffer, 1))}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.viewDone {
+		close(s.ch)
+		return s.ch, func() {}
+	}
+	m.subs[s] = struct{}{}
+	return s.ch, func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if _, ok := m.subs[s]; ok {
+			delete(m.subs, s)
+			close(s.ch)
+		}
+	}
+}
+
+// emitLocked logs an event at info and hands it to every subscriber.
+func (m *Mesh) emitLocked(kind EventKind, p Peer, detail string) {
+	msg := "peer " + p.label() + " " + kind.String()
+	switch {
+	case kind == EventUpdated && detail != "":
+		msg = "peer " + p.label() + " " + detail
+	case detail != "":
+		msg += ": " + detail
+	}
+	m.log.Info(msg, "peer", p.Name, "nickname", p.Nickname, "address", p.Addr, "state", p.State)
+	for s := range m.subs {
+		ev := Event{Kind: kind, Peer: p, Dropped: s.dropped}
+		select {
+		case s.ch <- ev:
+			s.dropped = 0
+		default:
+			s.dropped++
+		}
+	}
+}
+
+// onAlive records memberlist's join of a peer (NotifyJoin) or a change of
+// its metadata or address (NotifyUpdate).
+func (m *Mesh) onAlive(name PeerName, addr netip.AddrPort, rawMeta []byte) {
+	md, metaErr := decodeMeta(rawMeta)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.viewDone {
+		return
+	}
+	now := m.now()
+	p := m.peers[name]
+	kind := EventUpdated
+	switch {
+	case p == nil:
+		p = &peerEntry{Peer: Peer{Name: name, Since: now, Self: name == m.cfg.Name}}
+		m.peers[name] = p
+		kind = EventJoined
+	case p.base != StateAlive:
+		kind = EventRejoined
+		p.Since = now
+	}
+	oldMetaErr := p.MetaError
+	p.Addr, p.base, p.bye = addr, StateAlive, false
+	p.Meta, p.MetaError = md, ""
+	if metaErr != nil {
+		p.Meta, p.MetaError = Meta{}, metaErr.Error()
+	}
+	p.Nickname, p.DataPort = p.Meta.Nickname, p.Meta.DataPort
+	if metaErr != nil && (kind != EventUpdated || oldMetaErr != p.MetaError) {
+		m.metrics.badMeta.Inc()
+		m.log.Warn(fmt.Sprintf("peer %s has invalid metadata: %v", p.label(), metaErr), "peer", name)
+	}
+	m.refreshLocked(name)
+	if p.Self {
+		return
+	}
+	m.emitLocked(kind, p.Peer, "")
+	m.kickTopology()
+}
+
+// onDead records memberlist's verdict that a peer is gone (NotifyLeave):
+// left when it said goodbye, unreachable otherwise.
+func (m *Mesh) onDead(name PeerName) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	p := m.peers[name]
+	if m.viewDone || p == nil || p.Self || p.base != StateAlive {
+		return
+	}
+	kind := EventUnreachable
+	p.base = StateUnreachable
+	if p.bye {
+		kind, p.base = EventLeft, StateLeft
+	}
+	p.Since = m.now()
+	m.refreshLocked(name)
+	m.emitLocked(kind, p.Peer, "")
+	m.kickTopology()
+}
+
+// refreshLocked derives every peer's State from memberlist's verdict and
+// the reports of the other live peers, logs the changes (except quiet's:
+// its caller logs it), and updates the gauges.
+func (m *Mesh) refreshLocked(quiet PeerName) {
+	from := map[PeerName][]PeerName{}
+	for origin, rep := range m.reports {
+		if o := m.peers[origin]; o == nil || o.base != StateAlive || rep.Leaving {
+			continue
+		}
+		for _, n := range rep.Unreachable {
+			if n != origin {
+				from[n] = append(from[n], origin)
+			}
+		}
+	}
+	var alive int
+	counts := map[PeerState]int{}
+	for _, p := range m.peers {
+		if p.base == StateAlive {
+			alive++
+		}
+	}
+	for _, p := range m.peers {
+		unreachable := from[p.Name]
+		slices.Sort(unreachable)
+		p.UnreachableFrom = unreachable
+		// The live peers other than p: this one sees p alive iff
+		// memberlist does; the others unless they report it.
+		others := alive
+		if p.base == StateAlive {
+			others--
+		}
+		reach := others - len(unreachable)
+		if !p.Self && p.base != StateAlive {
+			reach--
+		}
+		p.ReachableFrom = max(reach, 0)
+		state := p.base
+		if state == StateAlive && len(unreachable) > 0 && !p.Self {
+			state = StateSuspect
+		}
+		if state != p.State {
+			was := p.State
+			p.State = state
+			if p.base == StateAlive && p.Name != quiet {
+				p.Since = m.now()
+				switch {
+				case state == StateSuspect:
+					m.emitLocked(EventSuspect, p.Peer, "unreachable from "+joinNames(unreachable))
+				case was == StateSuspect:
+					m.emitLocked(EventUpdated, p.Peer, "reachable again")
+				}
+			}
+		}
+		counts[p.State]++
+	}
+	m.numAlive.Store(int64(max(alive, 1)))
+	for _, s := range []PeerState{StateAlive, StateSuspect, StateUnreachable, StateLeft} {
+		m.metrics.peers.WithLabelValues(s.String()).Set(float64(counts[s]))
+	}
+}
+
+func joinNames(ns []PeerName) string {
+	s := make([]string, len(ns))
+	for i, n := range ns {
+		s[i] = string(n)
+	}
+	return strings.Join(s, ", ")
+}
+
+// applyReport takes in a peer's report; it says whether it was news.
+func (m *Mesh) applyReport(rep report) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.viewDone || rep.Origin == m.cfg.Name {
+		return false
+	}
+	old, ok := m.reports[rep.Origin]
+	if ok && old.Version >= rep.Version {
+		return false
+	}
+	if !ok && len(m.reports) >= maxReports {
+		return false
+	}
+	m.reports[rep.Origin] = rep
+	if p := m.peers[rep.Origin]; p != nil && !p.Self {
+		p.bye = rep.Leaving
+		if rep.Leaving && p.base == StateUnreachable {
+			// The goodbye came after memberlist's verdict.
+			p.base = StateLeft
+			p.Since = m.now()
+			m.refreshLocked(p.Name)
+			m.emitLocked(EventLeft, p.Peer, "")
+			return true
+		}
+	}
+	m.refreshLocked("")
+	return true
+}
+
+// publishReport makes our report current (the peers we see unreachable,
+// and whether we are leaving) and broadcasts it when it changed. Reports
+// also travel in every push-pull, so one too large to broadcast still
+// arrives. It returns a channel closed once the broadcast has been sent
+// as often as it will be, or nil when nothing was queued.
+func (m *Mesh) publishReport(leaving bool) <-chan struct{} {
+	m.mu.Lock()
+	var unreachable []PeerName
+	for _, p := range m.peers {
+		if p.base == StateUnreachable && !p.Self {
+			unreachable = append(unreachable, p.Name)
+		}
+	}
+	slices.Sort(unreachable)
+	cur := m.ownReport
+	if cur.Version != 0 && cur.Leaving == leaving && slices.Equal(cur.Unreachable, unreachable) {
+		m.mu.Unlock()
+		return nil
+	}
+	v := uint64(m.now().UnixNano())
+	if v <= cur.Version {
+		v = cur.Version + 1
+	}
+	m.ownReport = report{Origin: m.cfg.Name, Version: v, Leaving: leaving, Unreachable: unreachable}
+	enc := encodeReport(m.ownReport)
+	m.mu.Unlock()
+	if len(enc) > MaxBroadcastSize {
+		return nil
+	}
+	done := make(chan struct{})
+	m.enqueue(&namedBroadcast{
+		name: topologyChannel + "/" + string(m.cfg.Name),
+		msg:  encodeMessage(kindBroadcast, topologyChannel, m.cfg.Name, enc),
+		done: done,
+	})
+	return done
+}
+
+// reap drops peers unreachable or left for longer than PeerRetention.
+func (m *Mesh) reap() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	cutoff := m.now().Add(-m.cfg.Timings.PeerRetention)
+	changed := false
+	for name, p := range m.peers {
+		if p.base != StateAlive && !p.Self && p.Since.Before(cutoff) {
+			m.log.Info(fmt.Sprintf("forgetting peer %s: %s since %s", p.label(), p.State, p.Since.Format(time.RFC3339)), "peer", name)
+			delete(m.peers, name)
+			delete(m.reports, name)
+			changed = true
+		}
+	}
+	if changed {
+		m.refreshLocked("")
+	}
+}
+
+// Peers returns every known peer, this one included, sorted by name.
+func (m *Mesh) Peers() []Peer {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]Peer, 0, len(m.peers))
+	for _, p := range m.peers {
+		out = append(out, p.Peer)
+	}
+	slices.SortFunc(out, func(a, b Peer) int { return cmp.Compare(a.Name, b.Name) })
+	return out
+}
+
+// Peer returns one peer of the view, e.g. to find an owner's underlay
+// address and data port.
+func (m *Mesh) Peer(name PeerName) (Peer, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if p, ok := m.peers[name]; ok {
+		return p.Peer, true
+	}
+	return Peer{}, false
+}
+
+// ReachableFrom lists the live peers, this one included, that see the
+// named peer alive.
+func (m *Mesh) ReachableFrom(name PeerName) []PeerName {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	target := m.peers[name]
+	if target == nil {
+		return nil
+	}
+	var out []PeerName
+	for _, o := range m.peers {
+		if o.base != StateAlive || o.Name == name {
+			continue
+		}
+		if o.Self {
+			if target.base == StateAlive {
+				out = append(out, o.Name)
+			}
+			continue
+		}
+		if rep, ok := m.reports[o.Name]; ok && slices.Contains(rep.Unreachable, name) {
+			continue
+		}
+		out = append(out, o.Name)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// KnownPeers returns the gossip addresses of the other peers that have not
+// left, for the caller to persist and give back as Config.Remembered.
+func (m *Mesh) KnownPeers() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for _, p := range m.peers {
+		if !p.Self && p.base != StateLeft && p.Addr.IsValid() {
+			out = append(out, p.Addr.String())
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}

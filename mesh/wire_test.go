@@ -1,0 +1,200 @@
+package mesh
+
+import (
+	"bytes"
+	"errors"
+	"log/slog"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/hashicorp/memberlist"
+)
+
+func TestMetaRoundTrip(t *testing.T) {
+	for _, md := range []Meta{
+		{},
+		{Nickname: "host1", DataPort: 6784, Encaps: []string{"udp", "ipip"}, Version: "v1.2.3"},
+		{Nickname: "ünïcode", PublicKey: bytes.Repeat([]byte{7}, 32)},
+	} {
+		b, err := encodeMeta(md)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := decodeMeta(b)
+		if err != nil {
+			t.Fatalf("decode %+v: %v", md, err)
+		}
+		if !reflect.DeepEqual(got, md) {
+			t.Errorf("round trip: got %+v, want %+v", got, md)
+		}
+	}
+}
+
+// The largest metadata the limits allow fits memberlist's 512 bytes.
+func TestMetaMaxFits(t *testing.T) {
+	encaps := make([]string, MaxEncaps)
+	for i := range encaps {
+		encaps[i] = strings.Repeat("e", MaxEncapLen)
+	}
+	md := Meta{
+		Nickname: strings.Repeat("n", MaxNicknameLen), DataPort: 65535, Encaps: encaps,
+		PublicKey: make([]byte, MaxPublicKey), Version: strings.Repeat("v", MaxVersionLen),
+	}
+	b, err := encodeMeta(md)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) > memberlist.MetaMaxSize {
+		t.Fatalf("largest metadata is %d bytes, over %d", len(b), memberlist.MetaMaxSize)
+	}
+	t.Logf("largest metadata: %d bytes", len(b))
+}
+
+func TestDecodeMetaRejects(t *testing.T) {
+	good, _ := encodeMeta(Meta{Nickname: "h", Encaps: []string{"udp"}})
+	for name, b := range map[string][]byte{
+		"empty":        nil,
+		"version 0":    {0},
+		"truncated":    good[:len(good)-1],
+		"trailing":     append(bytes.Clone(good), 0),
+		"too many":     {1, 0, 0, 0, 200},
+		"bad encap":    {1, 0, 0, 0, 1, 3, 'U', 'D', 'P', 0, 0},
+		"control char": {1, 1, '\n', 0, 0, 0, 0, 0},
+		"huge":         make([]byte, 600),
+	} {
+		if md, err := decodeMeta(b); err == nil {
+			t.Errorf("%s: decoded %+v", name, md)
+		}
+	}
+	// A newer version's extra fields are ignored.
+	newer := append([]byte{2}, good[1:]...)
+	newer = append(newer, 1, 2, 3)
+	if _, err := decodeMeta(newer); err != nil {
+		t.Errorf("newer metadata version: %v", err)
+	}
+}
+
+func TestMessageRoundTrip(t *testing.T) {
+	for _, kind := range []byte{kindBroadcast, kindUnicast} {
+		b := encodeMessage(kind, "ipalloc", "ab:cd:ef:01:02:03", []byte("payload"))
+		m, err := decodeMessage(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.kind != kind || m.channel != "ipalloc" || m.from != "ab:cd:ef:01:02:03" || string(m.payload) != "payload" {
+			t.Errorf("round trip: %+v", m)
+		}
+	}
+	// The largest broadcast with the longest names fits a gossip packet
+	// (1400 bytes minus memberlist's compound and user-message overhead).
+	b := encodeMessage(kindBroadcast, strings.Repeat("c", MaxChannelName), PeerName(strings.Repeat("n", MaxNameLen)), make([]byte, MaxBroadcastSize))
+	if len(b) > 1400-2-3 {
+		t.Errorf("largest broadcast frame is %d bytes, over a gossip packet", len(b))
+	}
+}
+
+func TestDecodeMessageReasons(t *testing.T) {
+	good := encodeMessage(kindUnicast, "set", "node1", []byte("x"))
+	for _, tc := range []struct {
+		b    []byte
+		want error
+	}{
+		{nil, ErrTruncated},
+		{good[:5], ErrTruncated},
+		{[]byte{2, 1}, ErrVersion},
+		{append(bytes.Clone(good), 'x'), ErrMalformed},
+		{[]byte{1, 1, 3, 's', 'e', 't', 1, 'a', 0xff, 0xff, 0xff, 0xff, 0x0f}, ErrOversized},
+		{[]byte{1, 1, 3, 's', 'e', 't', 1, 'a', 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}, ErrMalformed},
+	} {
+		if _, err := decodeMessage(tc.b); !errors.Is(err, tc.want) {
+			t.Errorf("decode %x: %v, want %v", tc.b, err, tc.want)
+		}
+	}
+}
+
+func TestStateRoundTrip(t *testing.T) {
+	parts := []channelState{{"_topology", []byte{0}}, {"ipalloc", []byte("ring")}, {"empty", nil}}
+	got, err := decodeState(encodeState(parts))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 || got[1].channel != "ipalloc" || string(got[1].data) != "ring" || len(got[2].data) != 0 {
+		t.Errorf("round trip: %+v", got)
+	}
+	dup := encodeState([]channelState{{"a", nil}, {"a", nil}})
+	if _, err := decodeState(dup); !errors.Is(err, ErrMalformed) {
+		t.Errorf("duplicate channel: %v", err)
+	}
+}
+
+func TestReportRoundTrip(t *testing.T) {
+	reps := []report{
+		{Origin: "node1", Version: 1 << 62, Leaving: true},
+		{Origin: "node2", Version: 5, Unreachable: []PeerName{"node3", "node4"}},
+	}
+	got, err := decodeReports(encodeReports(reps))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, reps) {
+		t.Errorf("round trip: %+v, want %+v", got, reps)
+	}
+	for _, bad := range [][]byte{{}, {1}, {2, 1, 'a', 0, 0, 0}, {1, 1, 'a', 0, 2, 0}, {1, 0, 0, 0, 0}} {
+		if r, err := decodeReport(bad); err == nil {
+			t.Errorf("decoded %x as %+v", bad, r)
+		}
+	}
+}
+
+func TestParseMemberlistLine(t *testing.T) {
+	for _, tc := range []struct {
+		in    string
+		msg   string
+		level slog.Level
+	}{
+		{"[DEBUG] memberlist: Stream connection from=1.2.3.4\n", "Stream connection from=1.2.3.4", slog.LevelDebug},
+		{"[INFO] memberlist: Marking x as failed\n", "Marking x as failed", slog.LevelInfo},
+		{"[WARN] memberlist: Refuting\n", "Refuting", slog.LevelWarn},
+		{"[ERR] memberlist: Conflicting address\n", "Conflicting address", slog.LevelError},
+		{"[ERROR] something\n", "something", slog.LevelError},
+		{"Err: Could not set the deadline\n", "Err: Could not set the deadline", slog.LevelInfo},
+	} {
+		msg, level := parseMemberlistLine([]byte(tc.in))
+		if msg != tc.msg || level != tc.level {
+			t.Errorf("%q: got %q at %v, want %q at %v", tc.in, msg, level, tc.msg, tc.level)
+		}
+	}
+	var b bytes.Buffer
+	l := memberlistLogger(slog.New(slog.NewTextHandler(&b, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	l.Printf("[DEBUG] memberlist: hidden")
+	l.Printf("[ERR] memberlist: shown %d", 1)
+	if s := b.String(); strings.Contains(s, "hidden") || !strings.Contains(s, `level=ERROR msg="shown 1" component=memberlist`) {
+		t.Errorf("adapted log: %q", s)
+	}
+}
+
+func TestSplitTarget(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		host string
+		port int
+		ok   bool
+	}{
+		{"10.0.0.2", "10.0.0.2", 6783, true},
+		{"10.0.0.2:7000", "10.0.0.2", 7000, true},
+		{"node2", "node2", 6783, true},
+		{"node2.example:1", "node2.example", 1, true},
+		{"fd00::1", "fd00::1", 6783, true},
+		{"[fd00::1]:7000", "fd00::1", 7000, true},
+		{"node2:0", "", 0, false},
+		{"node2:x", "", 0, false},
+		{":6783", "", 0, false},
+		{"a/b", "", 0, false},
+	} {
+		host, port, err := splitTarget(tc.in, 6783)
+		if (err == nil) != tc.ok || host != tc.host || port != tc.port {
+			t.Errorf("splitTarget(%q) = %q, %d, %v", tc.in, host, port, err)
+		}
+	}
+}
