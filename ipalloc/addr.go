@@ -1,10 +1,14 @@
 // Package ipalloc owns weft's pod address space: the universe range, the ring
-// of owned ranges shared by all peers, and the allocator that hands this
-// peer's addresses to pods.
+// of owned ranges shared by all peers (a CRDT), Paxos for the first claim,
+// donation and reclaim of ranges, and the allocator that hands this peer's
+// addresses to pods.
 //
-// The core (Ring, Space, Allocator) is pure: no goroutines, clocks, logging,
-// disk or network. Service is the thin shell around it that persists state in
-// bbolt before it answers.
+// The core is pure: no goroutines, clocks, logging, disk or network. Peer is
+// the whole distributed state machine of one peer (Step, Tick, Ready, in the
+// shape of etcd's raft), built on Ring, Paxos, Space and Allocator; the
+// contract for the shell that drives it is on Peer and in docs/ipam.md.
+// Service is the single-peer shell that persists state in bbolt before it
+// answers.
 package ipalloc
 
 import (

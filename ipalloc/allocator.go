@@ -3,6 +3,7 @@ package ipalloc
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 )
@@ -93,6 +94,12 @@ func (a *Allocator) SetRing(r *Ring) error {
 	}
 	if err := r.Validate(); err != nil {
 		return err
+	}
+	if slices.Equal(r.Owned(a.self), a.space.Ranges()) {
+		// Same ranges: the space and its allocations stand as they are.
+		a.ring = r.Clone()
+		a.refreshFree()
+		return nil
 	}
 	var sp Space
 	for _, rg := range r.Owned(a.self) {
@@ -221,3 +228,81 @@ func (a *Allocator) Stats() Stats {
 
 // Owned returns the ranges this peer owns.
 func (a *Allocator) Owned() []Range { return a.space.Ranges() }
+
+// ErrRangeTaken is wrapped by the error for a ring update that gives ranges
+// this peer owns to another peer: Weave's "Received update for IP range I
+// own". Only an owner gives its ranges away, so such an update comes from a
+// peer that reclaimed this one (weft rmpeer of a live peer), from a peer
+// with a corrupt state, or from a cluster this peer was never part of.
+var ErrRangeTaken = errors.New("a ring update takes ranges this peer owns")
+
+// Merge merges a ring from another peer. It refuses, leaving everything as
+// it was, a ring that cannot be merged (Ring.Merge) and one under which this
+// peer would own less than it does: this peer alone gives its ranges away.
+func (a *Allocator) Merge(in *Ring) (changed bool, err error) {
+	r := a.ring.Clone()
+	changed, err = r.Merge(in)
+	if err != nil || !changed {
+		return false, err
+	}
+	if lost := rangesMinus(a.ring.Owned(a.self), r.Owned(a.self)); len(lost) > 0 {
+		var held []string
+		for _, al := range a.Allocations() {
+			for _, rg := range lost {
+				if rg.Contains(al.Address) && len(held) < 5 {
+					held = append(held, fmt.Sprintf("%s (%s)", al.Address, al.Key))
+				}
+			}
+		}
+		owners := map[PeerName]bool{}
+		for _, rg := range lost {
+			if p, ok := r.Owner(rg.Start); ok {
+				owners[p] = true
+			}
+		}
+		return false, fmt.Errorf("%w: it gives %v to %v, with %d of them in use here (%s); refused. "+
+			"If this peer was removed with 'weft rmpeer' while it was alive, stop it, remove its state and start it again",
+			ErrRangeTaken, lost, slices.Sorted(maps.Keys(owners)), len(held), strings.Join(held, ", "))
+	}
+	if err := a.SetRing(r); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// GiveAway hands rg, which must be owned here and hold no allocation, to
+// peer to.
+func (a *Allocator) GiveAway(to PeerName, rg Range) error {
+	for _, al := range a.Allocations() {
+		if rg.Contains(al.Address) {
+			return fmt.Errorf("giving away %s: %s holds %s", rg, al.Key, al.Address)
+		}
+	}
+	r := a.ring.Clone()
+	if err := r.GiveAway(a.self, to, rg); err != nil {
+		return err
+	}
+	return a.SetRing(r)
+}
+
+// Reclaim takes over every range of dead (see Ring.Reclaim) and returns the
+// number of addresses taken.
+func (a *Allocator) Reclaim(dead PeerName) (uint64, error) {
+	r := a.ring.Clone()
+	n, err := r.Reclaim(dead, a.self)
+	if err != nil || n == 0 {
+		return 0, err
+	}
+	return n, a.SetRing(r)
+}
+
+// DonationRange is the range this peer would give to a peer that asks for
+// space: part of its largest free run (see donationRange); false when
+// nothing is free.
+func (a *Allocator) DonationRange() (Range, bool) {
+	run := a.space.LargestFreeRun()
+	if run.Size() == 0 {
+		return Range{}, false
+	}
+	return donationRange(run), true
+}

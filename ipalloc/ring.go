@@ -1,6 +1,8 @@
 package ipalloc
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -9,6 +11,63 @@ import (
 
 // PeerName is a peer's stable identity in the mesh.
 type PeerName string
+
+// MaxPeerNameLen is the longest peer name a ring or message may carry (the
+// mesh's limit on --name).
+const MaxPeerNameLen = 64
+
+// ValidatePeerName checks a name that came from outside: 1 to
+// MaxPeerNameLen bytes of printable ASCII without spaces, commas or
+// parentheses (the mesh's rule: they delimit names in status text).
+func ValidatePeerName(n PeerName) error {
+	if n == "" || len(n) > MaxPeerNameLen {
+		return fmt.Errorf("peer name %q: must be 1 to %d characters", n, MaxPeerNameLen)
+	}
+	for _, c := range []byte(n) {
+		if c <= ' ' || c > '~' || c == '(' || c == ')' || c == ',' {
+			return fmt.Errorf("peer name %q: only printable ASCII without spaces, commas or parentheses", n)
+		}
+	}
+	return nil
+}
+
+// Seed identifies the first claim a ring descends from: a hash of the
+// universe and of the sorted peers that shared the empty ring. Every ring
+// that grew from the same claim has the same seed; two rings with different
+// seeds were claimed apart (a split brain at first start, or two clusters
+// joined by mistake) and are never merged. Zero means "not recorded" (a ring
+// saved by a version of weft that had no seeds).
+type Seed uint64
+
+func (s Seed) String() string {
+	if s == 0 {
+		return "none"
+	}
+	return fmt.Sprintf("%016x", uint64(s))
+}
+
+// SeedOf is the seed of a claim of universe by peers (order and duplicates
+// do not matter).
+func SeedOf(universe Range, peers []PeerName) Seed {
+	ps := slices.Clone(peers)
+	slices.Sort(ps)
+	ps = slices.Compact(ps)
+	h := sha256.New()
+	var b [8]byte
+	binary.BigEndian.PutUint32(b[:4], uint32(universe.Start))
+	binary.BigEndian.PutUint32(b[4:], uint32(universe.End))
+	h.Write([]byte("weft ring seed\x00"))
+	h.Write(b[:])
+	for _, p := range ps {
+		h.Write([]byte(p))
+		h.Write([]byte{0})
+	}
+	s := Seed(binary.BigEndian.Uint64(h.Sum(nil)))
+	if s == 0 { // 0 means "none"
+		s = 1
+	}
+	return s
+}
 
 // Entry is one token of the ring: the range from Token to the next entry's
 // token (or to the end of the universe) belongs to Peer. Only the owner
@@ -27,7 +86,8 @@ type Entry struct {
 // address has exactly one owner.
 type Ring struct {
 	Universe Range   `json:"universe"`
-	Entries  []Entry `json:"entries"` // sorted by Token, unique
+	Seed     Seed    `json:"seed,omitempty"` // the first claim this ring grew from
+	Entries  []Entry `json:"entries"`        // sorted by Token, unique
 }
 
 // NewRing returns the empty ring over universe.
@@ -38,7 +98,7 @@ func (r *Ring) Empty() bool { return len(r.Entries) == 0 }
 
 // Clone returns a deep copy.
 func (r *Ring) Clone() *Ring {
-	return &Ring{Universe: r.Universe, Entries: slices.Clone(r.Entries)}
+	return &Ring{Universe: r.Universe, Seed: r.Seed, Entries: slices.Clone(r.Entries)}
 }
 
 // rangeOf is the range of entry i.
@@ -83,6 +143,7 @@ func (r *Ring) ClaimEvenly(peers []PeerName) error {
 	for i := range r.Entries {
 		r.Entries[i].Free = r.rangeOf(i).Size()
 	}
+	r.Seed = SeedOf(r.Universe, ps)
 	return nil
 }
 
@@ -197,6 +258,9 @@ func (r *Ring) Validate() error {
 		}
 		if e.Peer == "" {
 			return fmt.Errorf("ring entry %d (%s): no owner", i, e.Token)
+		}
+		if err := ValidatePeerName(e.Peer); err != nil {
+			return fmt.Errorf("ring entry %d (%s): %w", i, e.Token, err)
 		}
 		if e.Free > r.rangeOf(i).Size() {
 			return fmt.Errorf("ring entry %d (%s): %d free is more than the range's %d addresses", i, e.Token, e.Free, r.rangeOf(i).Size())

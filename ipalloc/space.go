@@ -211,3 +211,66 @@ func (s *Space) Used() (n uint64) {
 	}
 	return n
 }
+
+// LargestFreeRun returns the longest run of free addresses inside one range
+// of the space (the lowest such run on a tie), or an empty range when no
+// address is free.
+func (s *Space) LargestFreeRun() Range {
+	var best Range
+	for i := range s.blocks {
+		b := &s.blocks[i]
+		if b.r.Size()-b.nused <= best.Size() {
+			continue // cannot beat best
+		}
+		size := b.r.Size()
+		var runStart uint32
+		inRun := false
+		closeRun := func(end uint32) {
+			if inRun && end-runStart > best.Size() {
+				best = Range{b.r.Start + Address(runStart), b.r.Start + Address(end)}
+			}
+			inRun = false
+		}
+		for off := uint32(0); off < size; {
+			w := b.used[off/64]
+			if off%64 == 0 && off+64 <= size && (w == 0 || w == ^uint64(0)) {
+				if w == 0 {
+					if !inRun {
+						runStart, inRun = off, true
+					}
+				} else {
+					closeRun(off)
+				}
+				off += 64
+				continue
+			}
+			if w&(1<<(off%64)) == 0 {
+				if !inRun {
+					runStart, inRun = off, true
+				}
+			} else {
+				closeRun(off)
+			}
+			off++
+		}
+		closeRun(size)
+	}
+	return best
+}
+
+// donationRange picks the part of a free run to give away: about half of
+// it, as the highest CIDR-aligned block of the largest power of two that
+// fits in half the run, so that the donor keeps the low part and the routes
+// stay few. A run of one address is given whole.
+func donationRange(run Range) Range {
+	n := run.Size()
+	if n <= 1 {
+		return run
+	}
+	p := uint32(1) << (31 - bits.LeadingZeros32(n/2)) // largest power of two <= n/2
+	s := (run.End - Address(p)) &^ Address(p-1)
+	if s < run.Start { // cannot happen for n >= 2p-1; keep the range valid anyway
+		s = run.End - Address(p)
+	}
+	return Range{s, s + Address(p)}
+}

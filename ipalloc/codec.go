@@ -1,0 +1,359 @@
+package ipalloc
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// The wire format of the ring and of the messages between peers. Everything
+// here decodes bytes from other peers: every length is checked against what
+// is left, every count is bounded, and the decoded value is validated, so a
+// bad message is an error and never a panic or a huge allocation.
+//
+//	message  = format(1 byte, 1) kind(1 byte) body
+//	ring     = start(4) end(4) seed(8) npeers(uvarint) name* nentries(uvarint) entry*
+//	name     = len(uvarint, 1..64) bytes
+//	entry    = token-delta(uvarint) peer-index(uvarint) version(uvarint) free(uvarint)
+//	ballot   = round(uvarint) name
+//	paxos    = ballot accepted-ballot(round 0 and no name: none) nvalue(uvarint) name*
+//
+// Integers are big-endian; token deltas are from the previous token (the
+// first from the universe's start).
+
+const wireFormat = 1
+
+// msgKind is the second byte of every message.
+type msgKind byte
+
+const (
+	kindRing msgKind = iota + 1
+	kindPrepare
+	kindPromise
+	kindAccept
+	kindAccepted
+	kindNack
+	kindDonateRequest
+	kindDonation
+	kindDenial
+	kindRemove
+	kindRemoveAck
+	kindEnd // one past the last
+)
+
+// Msg is a message between the IPAM cores of two peers: one of *RingMsg,
+// *PaxosMsg, *DonateRequest, *Donation, *Denial, *Remove, *RemoveAck.
+type Msg interface {
+	kind() msgKind
+}
+
+// RingMsg carries a peer's ring (gossip, and the answer to a Paxos message
+// once the ring is claimed).
+type RingMsg struct{ Ring *Ring }
+
+// DonateRequest asks a peer for some of its free space. ID ties the answer
+// to the request.
+type DonateRequest struct{ ID uint64 }
+
+// Donation answers a DonateRequest with the donor's ring, in which some of
+// its space now belongs to the requester.
+type Donation struct {
+	ID   uint64
+	Ring *Ring
+}
+
+// Denial answers a DonateRequest when the donor has nothing to give.
+type Denial struct{ ID uint64 }
+
+// Remove tells a peer that Peer is gone for good (weft rmpeer): from now on
+// it must ignore every message from Peer, and answer with a RemoveAck.
+type Remove struct{ Peer PeerName }
+
+// RemoveAck acknowledges a Remove with the acknowledger's ring.
+type RemoveAck struct {
+	Peer PeerName
+	Ring *Ring
+}
+
+func (*RingMsg) kind() msgKind       { return kindRing }
+func (*DonateRequest) kind() msgKind { return kindDonateRequest }
+func (*Donation) kind() msgKind      { return kindDonation }
+func (*Denial) kind() msgKind        { return kindDenial }
+func (*Remove) kind() msgKind        { return kindRemove }
+func (*RemoveAck) kind() msgKind     { return kindRemoveAck }
+
+// Limits of decoded data.
+const (
+	maxWireEntries = 1 << 20 // ring entries (a /8 split into 16-address pieces)
+	maxWireValue   = 10000   // peers in a Paxos value (--ipalloc-init consensus=N allows up to 10000)
+)
+
+// ErrBadMessage is wrapped by every decoding error.
+var ErrBadMessage = errors.New("bad ipalloc message")
+
+// EncodeMsg encodes m for the wire.
+func EncodeMsg(m Msg) []byte {
+	b := []byte{wireFormat, byte(m.kind())}
+	switch m := m.(type) {
+	case *RingMsg:
+		b = appendRing(b, m.Ring)
+	case *PaxosMsg:
+		b = appendBallot(b, m.Ballot)
+		b = appendBallot(b, m.Accepted)
+		b = binary.AppendUvarint(b, uint64(len(m.Value)))
+		for _, p := range m.Value {
+			b = appendName(b, p)
+		}
+	case *DonateRequest:
+		b = binary.AppendUvarint(b, m.ID)
+	case *Donation:
+		b = binary.AppendUvarint(b, m.ID)
+		b = appendRing(b, m.Ring)
+	case *Denial:
+		b = binary.AppendUvarint(b, m.ID)
+	case *Remove:
+		b = appendName(b, m.Peer)
+	case *RemoveAck:
+		b = appendName(b, m.Peer)
+		b = appendRing(b, m.Ring)
+	}
+	return b
+}
+
+// DecodeMsg decodes and validates a message from another peer.
+func DecodeMsg(data []byte) (Msg, error) {
+	if len(data) < 2 {
+		return nil, fmt.Errorf("%w: %d bytes, too short", ErrBadMessage, len(data))
+	}
+	if data[0] != wireFormat {
+		return nil, fmt.Errorf("%w: format %d, this peer speaks %d (are all peers running the same weft version?)", ErrBadMessage, data[0], wireFormat)
+	}
+	d := &decoder{b: data[2:]}
+	var m Msg
+	switch k := msgKind(data[1]); k {
+	case kindRing:
+		m = &RingMsg{Ring: d.ring()}
+	case kindPrepare, kindPromise, kindAccept, kindAccepted, kindNack:
+		pm := &PaxosMsg{Type: PaxosType(k - kindPrepare + 1)}
+		pm.Ballot = d.ballot()
+		pm.Accepted = d.ballot()
+		n := d.count(maxWireValue, 2)
+		for i := 0; i < n && d.err == nil; i++ {
+			pm.Value = append(pm.Value, d.name())
+		}
+		m = pm
+	case kindDonateRequest:
+		m = &DonateRequest{ID: d.uvarint()}
+	case kindDonation:
+		dm := &Donation{ID: d.uvarint()}
+		dm.Ring = d.ring()
+		m = dm
+	case kindDenial:
+		m = &Denial{ID: d.uvarint()}
+	case kindRemove:
+		m = &Remove{Peer: d.name()}
+	case kindRemoveAck:
+		am := &RemoveAck{Peer: d.name()}
+		am.Ring = d.ring()
+		m = am
+	default:
+		return nil, fmt.Errorf("%w: unknown kind %d", ErrBadMessage, k)
+	}
+	if d.err == nil && len(d.b) > 0 {
+		d.fail("%d bytes left over", len(d.b))
+	}
+	if d.err != nil {
+		return nil, d.err
+	}
+	if pm, ok := m.(*PaxosMsg); ok {
+		if err := pm.validate(); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrBadMessage, err)
+		}
+	}
+	return m, nil
+}
+
+// EncodeRing encodes a ring on its own (for a full-state exchange).
+func EncodeRing(r *Ring) []byte { return appendRing([]byte{wireFormat}, r) }
+
+// DecodeRing decodes and validates a ring made by EncodeRing.
+func DecodeRing(data []byte) (*Ring, error) {
+	if len(data) < 1 || data[0] != wireFormat {
+		return nil, fmt.Errorf("%w: not a ring of format %d", ErrBadMessage, wireFormat)
+	}
+	d := &decoder{b: data[1:]}
+	r := d.ring()
+	if d.err == nil && len(d.b) > 0 {
+		d.fail("%d bytes left over", len(d.b))
+	}
+	return r, d.err
+}
+
+func appendName(b []byte, n PeerName) []byte {
+	b = binary.AppendUvarint(b, uint64(len(n)))
+	return append(b, n...)
+}
+
+func appendBallot(b []byte, bl Ballot) []byte {
+	b = binary.AppendUvarint(b, uint64(bl.Round))
+	if bl.Round == 0 {
+		return b
+	}
+	return appendName(b, bl.Peer)
+}
+
+func appendRing(b []byte, r *Ring) []byte {
+	b = binary.BigEndian.AppendUint32(b, uint32(r.Universe.Start))
+	b = binary.BigEndian.AppendUint32(b, uint32(r.Universe.End))
+	b = binary.BigEndian.AppendUint64(b, uint64(r.Seed))
+	peers := r.Peers()
+	b = binary.AppendUvarint(b, uint64(len(peers)))
+	for _, p := range peers {
+		b = appendName(b, p)
+	}
+	b = binary.AppendUvarint(b, uint64(len(r.Entries)))
+	prev := r.Universe.Start
+	for _, e := range r.Entries {
+		idx, _ := slices.BinarySearch(peers, e.Peer)
+		b = binary.AppendUvarint(b, uint64(e.Token-prev))
+		b = binary.AppendUvarint(b, uint64(idx))
+		b = binary.AppendUvarint(b, uint64(e.Version))
+		b = binary.AppendUvarint(b, uint64(e.Free))
+		prev = e.Token
+	}
+	return b
+}
+
+// decoder reads the wire format; the first error sticks and later reads
+// return zero values.
+type decoder struct {
+	b   []byte
+	err error
+}
+
+func (d *decoder) fail(format string, args ...any) {
+	if d.err == nil {
+		d.err = fmt.Errorf("%w: %s", ErrBadMessage, fmt.Sprintf(format, args...))
+	}
+}
+
+func (d *decoder) uvarint() uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.fail("truncated or overlong number")
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) uint32v() uint32 {
+	v := d.uvarint()
+	if v > 0xffffffff {
+		d.fail("number %d does not fit 32 bits", v)
+		return 0
+	}
+	return uint32(v)
+}
+
+func (d *decoder) fixed(n int) []byte {
+	if d.err != nil {
+		return make([]byte, n)
+	}
+	if len(d.b) < n {
+		d.fail("truncated")
+		return make([]byte, n)
+	}
+	v := d.b[:n]
+	d.b = d.b[n:]
+	return v
+}
+
+// count reads a count of items that take at least minSize bytes each.
+func (d *decoder) count(limit, minSize int) int {
+	v := d.uvarint()
+	if v > uint64(limit) || v*uint64(minSize) > uint64(len(d.b)) {
+		d.fail("count %d is more than the message can hold", v)
+		return 0
+	}
+	return int(v)
+}
+
+func (d *decoder) name() PeerName {
+	n := d.uvarint()
+	if d.err != nil {
+		return ""
+	}
+	if n == 0 || n > MaxPeerNameLen || n > uint64(len(d.b)) {
+		d.fail("peer name of %d bytes", n)
+		return ""
+	}
+	p := PeerName(d.fixed(int(n)))
+	if err := ValidatePeerName(p); err != nil {
+		d.fail("%v", err)
+		return ""
+	}
+	return p
+}
+
+func (d *decoder) ballot() Ballot {
+	round := d.uint32v()
+	if round == 0 || d.err != nil {
+		return Ballot{}
+	}
+	return Ballot{Round: round, Peer: d.name()}
+}
+
+func (d *decoder) ring() *Ring {
+	f := d.fixed(16)
+	r := &Ring{
+		Universe: Range{Address(binary.BigEndian.Uint32(f)), Address(binary.BigEndian.Uint32(f[4:]))},
+		Seed:     Seed(binary.BigEndian.Uint64(f[8:])),
+	}
+	np := d.count(maxWireEntries, 2)
+	peers := make([]PeerName, 0, np)
+	for i := 0; i < np && d.err == nil; i++ {
+		p := d.name()
+		if len(peers) > 0 && p <= peers[len(peers)-1] {
+			d.fail("ring peer names are not sorted and unique")
+		}
+		peers = append(peers, p)
+	}
+	ne := d.count(maxWireEntries, 4)
+	if d.err == nil && ne > 0 {
+		r.Entries = make([]Entry, 0, ne)
+	}
+	token := uint64(r.Universe.Start)
+	for i := 0; i < ne && d.err == nil; i++ {
+		delta, idx, version, free := d.uvarint(), d.uvarint(), d.uint32v(), d.uint32v()
+		token += delta
+		if d.err != nil {
+			break
+		}
+		if token > 0xffffffff || (i > 0 && delta == 0) {
+			d.fail("ring entry %d: bad token", i)
+			break
+		}
+		if idx >= uint64(len(peers)) {
+			d.fail("ring entry %d: peer %d of %d", i, idx, len(peers))
+			break
+		}
+		r.Entries = append(r.Entries, Entry{Token: Address(token), Peer: peers[idx], Version: version, Free: free})
+	}
+	if d.err != nil {
+		return nil
+	}
+	if err := r.Validate(); err != nil {
+		d.fail("%v", err)
+		return nil
+	}
+	if !r.Empty() && r.Seed == 0 {
+		d.fail("a claimed ring without a seed")
+		return nil
+	}
+	return r
+}

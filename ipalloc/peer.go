@@ -1,0 +1,704 @@
+package ipalloc
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"strings"
+)
+
+// Peer is the whole IPAM state of one peer as a pure state machine, in the
+// shape of etcd's raft.Node: the shell feeds it messages (Step), time (Tick)
+// and requests (Allocate, Release, PeerGone), and takes what it produced
+// with Ready. There are no goroutines, clocks, logging, disk or network
+// inside, and every input is deterministic (randomness comes from
+// PeerConfig.Rand), so a simulation can replay any schedule.
+//
+// The contract with the shell, for every Ready, in order:
+//
+//  1. Persist: Ready.Ring, Ready.Paxos, Ready.Removed and Ready.Allocs, in
+//     one transaction (HardState.Apply shows what that means). If that
+//     fails, drop this Peer and build a new one from what is on disk: never
+//     send or answer what was not saved.
+//  2. Send: Ready.Broadcast to every peer (gossip), Ready.Messages to their
+//     peers. Losing, delaying, duplicating or reordering them is fine.
+//  3. Answer: Ready.Answers to the callers of Allocate; log Ready.Events.
+//
+// Gossip() is the ring to offer in a full-state exchange (memberlist's
+// push-pull): the ring of the last Ready, which step 1 made durable, never
+// the live one, which may hold changes not yet on disk.
+//
+// A Peer is not safe for concurrent use: the shell serialises calls.
+type Peer struct {
+	cfg PeerConfig
+	rng *rand.Rand
+	a   *Allocator
+	px  *Paxos // consensus peers, until the ring is claimed
+
+	now     int64
+	known   map[PeerName]bool     // peers this one knows of (not self)
+	removed map[PeerName]PeerName // removed peer -> the peer that reclaims it
+
+	// Reclaims this peer runs: acks from live peers per removed peer.
+	acks        map[PeerName]map[PeerName]bool
+	removeTimer int
+	reported    map[PeerName]bool // reclaims logged since start
+
+	pending []pendingAlloc
+
+	// Donations asked for.
+	ask      *donationAsk
+	tried    map[PeerName]bool // donors that denied or timed out this round
+	askAfter int64             // no new request before this tick
+	// Donations given: the last request id served per requester.
+	served map[PeerName]uint64
+
+	// Output not yet handed out by Ready.
+	rd           Ready
+	ringDirty    bool // persist the ring
+	paxosPending bool
+	removedDirty bool
+	broadcast    bool // gossip the ring now
+	freeGossip   bool // gossip the ring at the next tick (free counts changed)
+	lastOwned    []Range
+	gossip       *Ring // the ring of the last Ready
+}
+
+type pendingAlloc struct {
+	key      Key
+	deadline int64
+}
+
+type donationAsk struct {
+	id     uint64
+	donor  PeerName
+	sentAt int64
+}
+
+// Init is how the first claim of the ring is made (--ipalloc-init). Set
+// exactly one of its fields.
+type Init struct {
+	// Consensus is N of consensus=N: Paxos among the N peers that start the
+	// cluster, with a quorum of N/2+1.
+	Consensus int
+	// Seeds (seed=a,b,c) builds the ring shared by these peers at once, with
+	// no vote; every peer given the same list builds the same ring.
+	Seeds []PeerName
+	// Observer never claims and never votes: it gets space by donation only.
+	Observer bool
+}
+
+func (in Init) validate() error {
+	n := 0
+	if in.Consensus > 0 {
+		n++
+	}
+	if len(in.Seeds) > 0 {
+		n++
+	}
+	if in.Observer {
+		n++
+	}
+	if n != 1 || in.Consensus < 0 {
+		return errors.New("--ipalloc-init: give exactly one of consensus=N, seed=a,b,c or observer")
+	}
+	for _, s := range in.Seeds {
+		if err := ValidatePeerName(s); err != nil {
+			return fmt.Errorf("--ipalloc-init seed: %w", err)
+		}
+	}
+	if in.Consensus > maxWireValue {
+		return fmt.Errorf("--ipalloc-init consensus=%d: at most %d", in.Consensus, maxWireValue)
+	}
+	return nil
+}
+
+// Timing is the core's sense of time, in ticks (the shell decides how long
+// a tick is; DefaultTiming assumes 100 ms).
+type Timing struct {
+	PaxosRetry    int // a Paxos proposer tries again after this (plus up to as much jitter)
+	PaxosPatience int // a proposer waits this long to hear from all N before proposing with a quorum
+	DonationRetry int // a donation request unanswered this long goes to the next donor
+	AllocDeadline int // an allocation waits this long for space, then fails
+	RemoveRetry   int // a Remove unacknowledged this long is sent again
+	GossipEvery   int // free counts changed are gossiped at most this often
+}
+
+// DefaultTiming is for a tick of 100 ms.
+var DefaultTiming = Timing{
+	PaxosRetry:    20,
+	PaxosPatience: 50,
+	DonationRetry: 20,
+	AllocDeadline: 300,
+	RemoveRetry:   30,
+	GossipEvery:   10,
+}
+
+// PeerConfig configures a Peer.
+type PeerConfig struct {
+	Self     PeerName
+	Universe Range
+	Init     Init
+	Peers    []PeerName // peers known at start (the mesh's members); more with AddPeer
+	Timing   Timing     // zero fields take DefaultTiming's
+	Rand     *rand.Rand // jitter and request ids; nil: seeded from Self
+}
+
+// HardState is everything a Peer keeps on disk. Apply keeps one up to date
+// from Ready; NewPeer resumes from one.
+type HardState struct {
+	Ring        *Ring
+	Paxos       PaxosState
+	Removed     map[PeerName]PeerName // removed peer -> its reclaimer
+	Allocations map[Key]Address
+}
+
+// Apply records what rd says to persist.
+func (h *HardState) Apply(rd Ready) {
+	if rd.Ring != nil {
+		h.Ring = rd.Ring.Clone()
+	}
+	if rd.Paxos != nil {
+		h.Paxos = *rd.Paxos
+		h.Paxos.Value = slices.Clone(rd.Paxos.Value)
+	}
+	if rd.Removed != nil {
+		h.Removed = maps.Clone(rd.Removed)
+	}
+	if len(rd.Allocs) > 0 && h.Allocations == nil {
+		h.Allocations = map[Key]Address{}
+	}
+	for _, c := range rd.Allocs {
+		if c.Held {
+			h.Allocations[c.Key] = c.Address
+		} else {
+			delete(h.Allocations, c.Key)
+		}
+	}
+}
+
+// Clone returns a deep copy.
+func (h HardState) Clone() HardState {
+	c := HardState{Paxos: h.Paxos, Removed: maps.Clone(h.Removed), Allocations: maps.Clone(h.Allocations)}
+	c.Paxos.Value = slices.Clone(h.Paxos.Value)
+	if h.Ring != nil {
+		c.Ring = h.Ring.Clone()
+	}
+	return c
+}
+
+// Ready is the output of a Peer: persist, then send, then answer.
+type Ready struct {
+	// Persist.
+	Ring    *Ring                 // the whole ring, when it changed
+	Paxos   *PaxosState           // when it changed
+	Removed map[PeerName]PeerName // the whole set, when it changed
+	Allocs  []AllocChange         // in order
+
+	// Then send.
+	Broadcast *Ring      // gossip to every peer
+	Messages  []Envelope // to one peer each
+
+	// Then answer and log.
+	Answers []Answer
+	Events  []Event
+}
+
+// Empty reports whether rd holds nothing.
+func (rd *Ready) Empty() bool {
+	return rd.Ring == nil && rd.Paxos == nil && rd.Removed == nil && len(rd.Allocs) == 0 &&
+		rd.Broadcast == nil && len(rd.Messages) == 0 && len(rd.Answers) == 0 && len(rd.Events) == 0
+}
+
+// AllocChange is one allocation made (Held) or released.
+type AllocChange struct {
+	Key     Key
+	Address Address
+	Held    bool
+}
+
+// Envelope is a message for one peer.
+type Envelope struct {
+	To  PeerName
+	Msg Msg
+}
+
+// Answer answers an Allocate: the address, or an error (ErrIsExhausted
+// reports whether it means "no space now").
+type Answer struct {
+	Key     Key
+	Address Address
+	Err     error
+}
+
+// Event is something an operator should see in the log. Warn marks the ones
+// that need attention.
+type Event struct {
+	Warn bool
+	Text string
+}
+
+// ErrRemovedPeer is returned by Step for a message from a peer that was
+// removed (weft rmpeer): nothing it says is believed any more.
+var ErrRemovedPeer = errors.New("message from a removed peer")
+
+// ErrCanceled answers an allocation that was released while it waited.
+var ErrCanceled = errors.New("allocation canceled: the container was released while it waited for an address")
+
+// NewPeer builds a Peer from its configuration and what it saved (the zero
+// HardState for a first start).
+func NewPeer(cfg PeerConfig, hs HardState) (*Peer, error) {
+	if err := ValidatePeerName(cfg.Self); err != nil {
+		return nil, fmt.Errorf("ipalloc: %w", err)
+	}
+	if err := cfg.Init.validate(); err != nil {
+		return nil, err
+	}
+	t, d := &cfg.Timing, DefaultTiming
+	for _, f := range []struct{ v, d *int }{
+		{&t.PaxosRetry, &d.PaxosRetry}, {&t.PaxosPatience, &d.PaxosPatience}, {&t.DonationRetry, &d.DonationRetry},
+		{&t.AllocDeadline, &d.AllocDeadline}, {&t.RemoveRetry, &d.RemoveRetry}, {&t.GossipEvery, &d.GossipEvery},
+	} {
+		if *f.v <= 0 {
+			*f.v = *f.d
+		}
+	}
+	if cfg.Rand == nil {
+		s := uint64(SeedOf(cfg.Universe, []PeerName{cfg.Self}))
+		cfg.Rand = rand.New(rand.NewPCG(s, s>>1))
+	}
+	p := &Peer{
+		cfg: cfg, rng: cfg.Rand,
+		a:        NewAllocator(cfg.Self, cfg.Universe),
+		known:    map[PeerName]bool{},
+		removed:  map[PeerName]PeerName{},
+		acks:     map[PeerName]map[PeerName]bool{},
+		reported: map[PeerName]bool{},
+		tried:    map[PeerName]bool{},
+		served:   map[PeerName]uint64{},
+		gossip:   NewRing(cfg.Universe),
+	}
+	for _, n := range cfg.Peers {
+		p.AddPeer(n)
+	}
+	if hs.Ring != nil && !hs.Ring.Empty() {
+		r := hs.Ring.Clone()
+		if r.Seed == 0 { // saved before rings had seeds: a claim by its owners
+			r.Seed = SeedOf(r.Universe, r.Peers())
+		}
+		if err := p.a.SetRing(r); err != nil {
+			return nil, fmt.Errorf("the saved ring is invalid: %w", err)
+		}
+		p.ringDirty = !p.a.ring.Equal(hs.Ring) // free counts recounted
+		p.gossip = hs.Ring.Clone()
+		p.gossip.Seed = r.Seed
+	}
+	for _, k := range slices.SortedFunc(maps.Keys(hs.Allocations), Key.Compare) {
+		if err := p.a.Restore(k, hs.Allocations[k]); err != nil {
+			p.event(true, "ipalloc: saved allocation %s of %s cannot be restored (%v); it is left on disk", k, hs.Allocations[k], err)
+			continue
+		}
+		p.ringDirty = true
+	}
+	for x, by := range hs.Removed {
+		p.removed[x] = by
+		if by == cfg.Self {
+			p.acks[x] = map[PeerName]bool{}
+		}
+	}
+	if cfg.Init.Consensus > 0 {
+		p.px = NewPaxos(cfg.Self, cfg.Init.Consensus, hs.Paxos, cfg.Timing, p.rng)
+	}
+	p.lastOwned = nil               // the first Ready logs what this peer owns
+	p.broadcast = !p.a.ring.Empty() // tell the others where this peer stands
+	if p.a.ring.Empty() && len(cfg.Init.Seeds) > 0 {
+		p.claim(cfg.Init.Seeds, "seed")
+	}
+	for x := range p.acks {
+		p.sendRemoves(x)
+	}
+	return p, nil
+}
+
+// Self is this peer's name.
+func (p *Peer) Self() PeerName { return p.cfg.Self }
+
+// Ring returns a copy of the live ring.
+func (p *Peer) Ring() *Ring { return p.a.Ring() }
+
+// Gossip returns a copy of the ring of the last Ready: the ring to offer in
+// a full-state exchange.
+func (p *Peer) Gossip() *Ring { return p.gossip.Clone() }
+
+// Lookup returns k's address.
+func (p *Peer) Lookup(k Key) (Address, bool) { return p.a.Lookup(k) }
+
+// Allocations lists this peer's allocations by address.
+func (p *Peer) Allocations() []Allocation { return p.a.Allocations() }
+
+// Stats returns the allocator's counts.
+func (p *Peer) Stats() Stats { return p.a.Stats() }
+
+// Owned returns the ranges this peer owns.
+func (p *Peer) Owned() []Range { return p.a.Owned() }
+
+// Removed returns the removed peers and who reclaims each.
+func (p *Peer) Removed() map[PeerName]PeerName { return maps.Clone(p.removed) }
+
+// AddPeer tells the core about a peer of the mesh (a member joined).
+// Peers are also learned from the messages they send.
+func (p *Peer) AddPeer(name PeerName) {
+	if name == p.cfg.Self || name == "" || p.known[name] {
+		return
+	}
+	p.known[name] = true
+	for x := range p.acks {
+		if !p.acks[x][name] && p.live(name) {
+			p.send(name, &Remove{Peer: x})
+		}
+	}
+}
+
+// live reports whether q counts as a live peer: known, not removed.
+func (p *Peer) live(q PeerName) bool {
+	_, gone := p.removed[q]
+	return q != p.cfg.Self && !gone
+}
+
+// livePeers lists the live peers this one knows, sorted.
+func (p *Peer) livePeers() []PeerName {
+	var out []PeerName
+	for q := range p.known {
+		if p.live(q) {
+			out = append(out, q)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func (p *Peer) event(warn bool, format string, args ...any) {
+	p.rd.Events = append(p.rd.Events, Event{Warn: warn, Text: fmt.Sprintf(format, args...)})
+}
+
+func (p *Peer) send(to PeerName, m Msg) {
+	p.rd.Messages = append(p.rd.Messages, Envelope{To: to, Msg: m})
+}
+
+// HasReady reports whether Ready would return anything.
+func (p *Peer) HasReady() bool {
+	return p.ringDirty || p.broadcast || p.removedDirty || (p.px != nil && p.px.Dirty()) || !p.rd.Empty()
+}
+
+// Ready returns what to persist, send and answer, in that order (see Peer),
+// and forgets it: the shell must act on every Ready it takes.
+func (p *Peer) Ready() Ready {
+	p.noteOwnership()
+	rd := p.rd
+	p.rd = Ready{}
+	if p.ringDirty || p.broadcast {
+		rd.Ring = p.a.Ring()
+		p.gossip = rd.Ring.Clone()
+	}
+	if p.broadcast && !p.gossip.Empty() {
+		rd.Broadcast = p.gossip.Clone()
+		p.freeGossip = false
+	}
+	p.ringDirty, p.broadcast = false, false
+	if p.px != nil && p.px.Dirty() {
+		hs := p.px.HardState()
+		rd.Paxos = &hs
+		p.px.ClearDirty()
+	}
+	if p.removedDirty {
+		rd.Removed = maps.Clone(p.removed)
+		p.removedDirty = false
+	}
+	return rd
+}
+
+// noteOwnership logs every change of the ranges this peer owns.
+func (p *Peer) noteOwnership() {
+	owned := p.a.Owned()
+	if slices.Equal(owned, p.lastOwned) {
+		return
+	}
+	total := uint64(p.a.Universe().Size())
+	for _, rg := range rangesMinus(owned, p.lastOwned) {
+		for _, c := range rg.CIDRs() {
+			n := uint64(1) << (32 - c.Bits())
+			p.event(false, "ipalloc: owning %s (%d addresses, %.4g%% of range)", c, n, Percent(n, total))
+		}
+	}
+	for _, rg := range rangesMinus(p.lastOwned, owned) {
+		p.event(false, "ipalloc: no longer owning %s (%d addresses)", rg, rg.Size())
+	}
+	p.lastOwned = owned
+}
+
+// ringChanged records a change of the ring: owned ranges are gossiped at
+// once, free counts at the next gossip tick.
+func (p *Peer) ringChanged(ownership bool) {
+	p.ringDirty = true
+	if ownership {
+		p.broadcast = true
+	} else {
+		p.freeGossip = true
+	}
+}
+
+// claim builds the ring shared by peers (the chosen Paxos value, or the
+// seed list).
+func (p *Peer) claim(peers []PeerName, how string) {
+	r := NewRing(p.cfg.Universe)
+	if err := r.ClaimEvenly(peers); err != nil {
+		p.event(true, "ipalloc: cannot claim the ring for %v (%s): %v", peers, how, err)
+		return
+	}
+	if err := p.mergeRing(r, "the "+how+" claim"); err != nil {
+		return
+	}
+	p.event(false, "ipalloc: the ring is claimed by %s (%s, seed %s)", strings.Join(names(peers), ", "), how, r.Seed)
+}
+
+func names(ps []PeerName) []string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = string(p)
+	}
+	return out
+}
+
+// mergeRing merges a ring from outside (a peer, or a claim) and serves what
+// waits for space.
+func (p *Peer) mergeRing(r *Ring, from string) error {
+	before := len(p.a.ring.Entries)
+	changed, err := p.a.Merge(r)
+	if err != nil {
+		p.event(true, "ipalloc: refused the ring from %s: %v", from, err)
+		return err
+	}
+	if !changed {
+		return nil
+	}
+	p.ringChanged(before == 0 || !slices.Equal(p.a.Owned(), p.lastOwned))
+	p.completeReclaims()
+	p.serve()
+	return nil
+}
+
+// Step handles a decoded message from peer from. An error means the message
+// was refused (the shell may count or log it); the Peer stays usable.
+func (p *Peer) Step(from PeerName, m Msg) error {
+	if err := ValidatePeerName(from); err != nil {
+		return fmt.Errorf("ipalloc: message from %w", err)
+	}
+	if from == p.cfg.Self {
+		return fmt.Errorf("ipalloc: message from this peer's own name %s", from)
+	}
+	if by, ok := p.removed[from]; ok {
+		return fmt.Errorf("%w %s (removed by %s)", ErrRemovedPeer, from, by)
+	}
+	p.AddPeer(from)
+	switch m := m.(type) {
+	case *RingMsg:
+		return p.mergeRing(m.Ring, string(from))
+	case *PaxosMsg:
+		return p.stepPaxos(from, m)
+	case *DonateRequest:
+		p.stepDonateRequest(from, m)
+	case *Donation:
+		return p.stepDonation(from, m)
+	case *Denial:
+		p.stepDenial(from, m)
+	case *Remove:
+		p.stepRemove(from, m)
+	case *RemoveAck:
+		return p.stepRemoveAck(from, m)
+	default:
+		return fmt.Errorf("%w: unexpected %T", ErrBadMessage, m)
+	}
+	return nil
+}
+
+func (p *Peer) stepPaxos(from PeerName, m *PaxosMsg) error {
+	if err := m.validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrBadMessage, err)
+	}
+	if !p.a.ring.Empty() {
+		// Claimed already: show the asker the ring instead of voting.
+		if m.Type == Prepare || m.Type == Accept {
+			p.send(from, &RingMsg{Ring: p.a.Ring()})
+		}
+		return nil
+	}
+	if p.px == nil {
+		return nil // observers and seed peers do not vote
+	}
+	p.paxosOut(p.px.Step(from, m))
+	return nil
+}
+
+// paxosOut sends Paxos's messages and acts on a chosen value.
+func (p *Peer) paxosOut(out []PaxosOut) {
+	for _, o := range out {
+		if o.To != "" {
+			p.send(o.To, o.Msg)
+			continue
+		}
+		for _, q := range p.livePeers() {
+			p.send(q, o.Msg)
+		}
+	}
+	if p.px == nil {
+		return
+	}
+	if v, ok := p.px.Chosen(); ok && p.a.ring.Empty() {
+		p.claim(v, fmt.Sprintf("consensus of %d", len(v)))
+	}
+}
+
+// Tick advances time by one tick.
+func (p *Peer) Tick() {
+	p.now++
+	if p.px != nil && p.a.ring.Empty() {
+		// A consensus peer works on the first claim from its first tick,
+		// whether or not anything waits for an address yet.
+		p.paxosOut(p.px.Propose())
+		p.paxosOut(p.px.Tick())
+	}
+	p.tickDonation()
+	// Allocations that waited too long fail.
+	keep := p.pending[:0]
+	for _, w := range p.pending {
+		if p.now < w.deadline {
+			keep = append(keep, w)
+			continue
+		}
+		err := fmt.Errorf("%w: waited %d ticks for space (%s)", ErrNoSpace, p.cfg.Timing.AllocDeadline, p.Status())
+		if p.a.ring.Empty() {
+			err = fmt.Errorf("%w: waited %d ticks (%s)", ErrNoRange, p.cfg.Timing.AllocDeadline, p.Status())
+		}
+		p.rd.Answers = append(p.rd.Answers, Answer{Key: w.key, Err: err})
+	}
+	p.pending = keep
+	p.removeTimer++
+	if p.removeTimer >= p.cfg.Timing.RemoveRetry {
+		p.removeTimer = 0
+		for x := range p.acks {
+			p.sendRemoves(x)
+		}
+	}
+	if p.freeGossip && p.now%int64(p.cfg.Timing.GossipEvery) == 0 {
+		p.broadcast = true
+	}
+}
+
+// Allocate asks for k's address. The answer comes in a Ready's Answers,
+// after the allocation is in the same Ready's Allocs: at once when this
+// peer has space, later when it must wait for the first claim or a
+// donation, or an error after Timing.AllocDeadline ticks.
+func (p *Peer) Allocate(k Key) {
+	if addr, ok := p.a.Lookup(k); ok {
+		p.rd.Answers = append(p.rd.Answers, Answer{Key: k, Address: addr})
+		return
+	}
+	for _, w := range p.pending {
+		if w.key == k {
+			return
+		}
+	}
+	p.pending = append(p.pending, pendingAlloc{key: k, deadline: p.now + int64(p.cfg.Timing.AllocDeadline)})
+	p.serve()
+}
+
+// serve hands out addresses to waiting allocations, in order, and asks for
+// space for the rest.
+func (p *Peer) serve() {
+	for len(p.pending) > 0 {
+		k := p.pending[0].key
+		addr, _, err := p.a.Allocate(k)
+		if err != nil {
+			break
+		}
+		p.pending = p.pending[1:]
+		p.rd.Allocs = append(p.rd.Allocs, AllocChange{Key: k, Address: addr, Held: true})
+		p.rd.Answers = append(p.rd.Answers, Answer{Key: k, Address: addr})
+		p.ringChanged(false)
+	}
+	if len(p.pending) == 0 {
+		return
+	}
+	if p.a.ring.Empty() {
+		if p.px != nil {
+			p.paxosOut(p.px.Propose())
+		}
+		return
+	}
+	p.askDonation()
+}
+
+// Release frees k's address (or cancels its wait for one). The release is
+// in the next Ready's Allocs.
+func (p *Peer) Release(k Key) {
+	for i, w := range p.pending {
+		if w.key == k {
+			p.pending = slices.Delete(p.pending, i, i+1)
+			p.rd.Answers = append(p.rd.Answers, Answer{Key: k, Err: ErrCanceled})
+			return
+		}
+	}
+	if addr, ok := p.a.Release(k); ok {
+		p.rd.Allocs = append(p.rd.Allocs, AllocChange{Key: k, Address: addr})
+		p.ringChanged(false)
+	}
+}
+
+// PeerStatus is the operator's view of this peer's IPAM.
+type PeerStatus struct {
+	Claimed  bool // the ring has owners
+	Observer bool
+	Quorum   int // consensus: the quorum, and the peers heard from
+	Known    int
+	Owned    uint64 // addresses owned here
+	Free     uint64
+	Waiting  int                     // allocations waiting for space
+	Reclaims map[PeerName][]PeerName // peer being removed -> live peers that have not acknowledged yet
+}
+
+// Status returns the current status.
+func (p *Peer) Status() PeerStatus {
+	st := p.a.Stats()
+	s := PeerStatus{Claimed: !p.a.ring.Empty(), Observer: p.cfg.Init.Observer, Owned: st.Owned, Free: st.Free, Waiting: len(p.pending)}
+	if p.px != nil {
+		s.Quorum, s.Known = p.px.Quorum(), p.px.Known()
+	}
+	for x, acked := range p.acks {
+		if s.Reclaims == nil {
+			s.Reclaims = map[PeerName][]PeerName{}
+		}
+		s.Reclaims[x] = []PeerName{}
+		for _, q := range p.livePeers() {
+			if !acked[q] {
+				s.Reclaims[x] = append(s.Reclaims[x], q)
+			}
+		}
+	}
+	return s
+}
+
+// String is the Status: line of /status (the shell adds the case where
+// every owner is unreachable, which needs the mesh).
+func (s PeerStatus) String() string {
+	switch {
+	case !s.Claimed && s.Quorum > 0:
+		return fmt.Sprintf("awaiting consensus (quorum: %d, known: %d)", s.Quorum, s.Known)
+	case !s.Claimed:
+		return "waiting for the ring from a peer"
+	case s.Owned == 0 || s.Waiting > 0:
+		return "waiting for space"
+	}
+	return "ready"
+}

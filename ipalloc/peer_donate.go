@@ -1,0 +1,104 @@
+package ipalloc
+
+import (
+	"cmp"
+	"slices"
+)
+
+// Donation: a peer with allocations waiting and no free address asks the
+// peer with the most free space (by the free counts gossiped in the ring;
+// ties by name) for some. The donor gives part of its largest free run
+// (Allocator.DonationRange) by GiveAway and answers with its ring; a donor
+// with nothing free answers with a Denial, and the asker tries the next
+// donor. A request unanswered for Timing.DonationRetry ticks counts as a
+// denial. Once every donor has been tried, the asker waits as long again
+// and starts over, as free counts change.
+
+// askDonation sends a donation request if space is needed and none is
+// being asked for.
+func (p *Peer) askDonation() {
+	if p.ask != nil || len(p.pending) == 0 || p.a.ring.Empty() || p.now < p.askAfter {
+		return
+	}
+	donor, ok := p.pickDonor()
+	if !ok {
+		clear(p.tried)
+		p.askAfter = p.now + int64(p.cfg.Timing.DonationRetry)
+		return
+	}
+	p.ask = &donationAsk{id: p.rng.Uint64() | 1, donor: donor, sentAt: p.now}
+	p.send(donor, &DonateRequest{ID: p.ask.id})
+}
+
+// pickDonor returns the live peer with the most free space not yet tried.
+func (p *Peer) pickDonor() (PeerName, bool) {
+	shares := p.a.ring.Shares()
+	slices.SortFunc(shares, func(a, b Share) int {
+		if c := cmp.Compare(b.Free, a.Free); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Peer, b.Peer)
+	})
+	for _, s := range shares {
+		if s.Free > 0 && p.live(s.Peer) && !p.tried[s.Peer] {
+			return s.Peer, true
+		}
+	}
+	return "", false
+}
+
+// tickDonation gives up on an unanswered request and asks again.
+func (p *Peer) tickDonation() {
+	if p.ask != nil && p.now-p.ask.sentAt >= int64(p.cfg.Timing.DonationRetry) {
+		p.tried[p.ask.donor] = true
+		p.ask = nil
+	}
+	p.askDonation()
+}
+
+func (p *Peer) stepDonateRequest(from PeerName, m *DonateRequest) {
+	if p.a.ring.Empty() {
+		p.send(from, &Denial{ID: m.ID})
+		return
+	}
+	if p.served[from] == m.ID {
+		// A retry of a request already served: the ring shows the donation.
+		p.send(from, &Donation{ID: m.ID, Ring: p.a.Ring()})
+		return
+	}
+	rg, ok := p.a.DonationRange()
+	if !ok || len(p.pending) > 0 {
+		p.send(from, &Denial{ID: m.ID})
+		return
+	}
+	if err := p.a.GiveAway(from, rg); err != nil {
+		p.event(true, "ipalloc: cannot give %s to %s: %v", rg, from, err)
+		p.send(from, &Denial{ID: m.ID})
+		return
+	}
+	p.served[from] = m.ID
+	p.ringChanged(true)
+	p.event(false, "ipalloc: gave %s (%d addresses) to %s, which asked for space", rg, rg.Size(), from)
+	p.send(from, &Donation{ID: m.ID, Ring: p.a.Ring()})
+}
+
+func (p *Peer) stepDonation(from PeerName, m *Donation) error {
+	if p.ask != nil && p.ask.id == m.ID {
+		p.ask = nil
+		clear(p.tried)
+	}
+	if err := p.mergeRing(m.Ring, string(from)); err != nil {
+		return err
+	}
+	p.serve()
+	return nil
+}
+
+func (p *Peer) stepDenial(from PeerName, m *Denial) {
+	if p.ask == nil || p.ask.id != m.ID || p.ask.donor != from {
+		return
+	}
+	p.tried[from] = true
+	p.ask = nil
+	p.askDonation()
+}

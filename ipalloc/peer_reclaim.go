@@ -1,0 +1,166 @@
+package ipalloc
+
+import (
+	"fmt"
+	"slices"
+)
+
+// Reclaim (weft rmpeer X) makes this peer take over X's ranges. X is gone
+// for good, but what it did before it died may not have reached this peer
+// yet: a range it gave to R, or a split, known only to R. Taking X's
+// entries over on what this peer alone knows could hand R's range to this
+// peer too. So the takeover waits behind a barrier:
+//
+//  1. This peer records X as removed (on disk, before anything is sent)
+//     and sends Remove{X} to every live peer it knows.
+//  2. A peer that gets Remove{X} records it (on disk), from then on refuses
+//     every message from X, and answers RemoveAck with its ring.
+//  3. Once every live peer has answered, this peer has merged every change
+//     of X's that any live peer holds, and no live peer will take another
+//     one. Only then does it take over X's entries that are left, each at
+//     its version plus one (Ring.Reclaim), which wins everywhere.
+//
+// A peer that is crashed or cut off holds the barrier closed until it is
+// back (or is removed too): a peer that is merely unreachable keeps its
+// ranges, and nothing it may know is overruled. If two peers remove X at
+// once, the one with the lower name does it; the other leaves it. If the
+// reclaimer dies before it is done, rmpeer it, and then X again on another
+// peer, which takes the job over.
+//
+// The one thing the barrier cannot see is a message from another dead
+// peer, still in flight, that carries news of X's: remove peers only once
+// they have been gone long enough for nothing they sent to be in flight.
+
+// PeerGone starts the reclaim of peer x (weft rmpeer). Progress shows in
+// Status().Reclaims; the takeover is logged in Ready.Events as "rmpeer of
+// X: N IPs taken over".
+func (p *Peer) PeerGone(x PeerName) error {
+	if err := ValidatePeerName(x); err != nil {
+		return fmt.Errorf("rmpeer: %w", err)
+	}
+	if x == p.cfg.Self {
+		return fmt.Errorf("rmpeer %s: this is the peer's own name; to take this peer out, use 'weft reset' on it", x)
+	}
+	if by, ok := p.removed[x]; ok {
+		if by == p.cfg.Self {
+			return nil
+		}
+		if _, byGone := p.removed[by]; !byGone {
+			return fmt.Errorf("rmpeer %s: %s is taking over its ranges already (if %s is gone too, rmpeer it first)", x, by, by)
+		}
+		// Its reclaimer was removed too: this peer takes the job over.
+	}
+	p.removed[x] = p.cfg.Self
+	p.removedDirty = true
+	p.acks[x] = map[PeerName]bool{}
+	p.forget(x)
+	p.event(false, "ipalloc: rmpeer of %s: waiting for %d live peers to stop listening to it before taking over its ranges", x, len(p.livePeers()))
+	p.sendRemoves(x)
+	p.completeReclaims()
+	return nil
+}
+
+func (p *Peer) isRemoved(q PeerName) bool {
+	_, ok := p.removed[q]
+	return ok
+}
+
+// forget drops what this peer expects from x: a donation it asked for.
+func (p *Peer) forget(x PeerName) {
+	if p.ask != nil && p.ask.donor == x {
+		p.ask = nil
+		p.askDonation()
+	}
+}
+
+// sendRemoves sends Remove{x} to every live peer that has not acknowledged.
+func (p *Peer) sendRemoves(x PeerName) {
+	for _, q := range p.livePeers() {
+		if !p.acks[x][q] {
+			p.send(q, &Remove{Peer: x})
+		}
+	}
+}
+
+func (p *Peer) stepRemove(from PeerName, m *Remove) {
+	x := m.Peer
+	if x == p.cfg.Self {
+		p.event(true, "ipalloc: %s is removing this peer (weft rmpeer) and will take over its ranges: "+
+			"if this peer is alive, that was a mistake, and addresses may be handed out twice", from)
+		return
+	}
+	cur, ok := p.removed[x]
+	switch {
+	case !ok:
+		p.removed[x] = from
+		p.removedDirty = true
+		p.forget(x)
+	case from == cur:
+	case from < cur || p.isRemoved(cur):
+		if cur == p.cfg.Self {
+			delete(p.acks, x)
+			p.event(false, "ipalloc: rmpeer of %s: %s is removing it too and goes first", x, from)
+		}
+		p.removed[x] = from
+		p.removedDirty = true
+	}
+	p.send(from, &RemoveAck{Peer: x, Ring: p.a.Ring()})
+	// x no longer counts as live: a reclaim that waited for it may go on.
+	p.completeReclaims()
+}
+
+func (p *Peer) stepRemoveAck(from PeerName, m *RemoveAck) error {
+	acked, ok := p.acks[m.Peer]
+	if !ok {
+		return nil
+	}
+	if err := p.mergeRing(m.Ring, string(from)); err != nil {
+		return err // not counted: this peer does not have what from knows
+	}
+	acked[from] = true
+	p.completeReclaims()
+	return nil
+}
+
+// completeReclaims takes over the ranges of every peer this peer removes
+// once the barrier is complete. It stays complete: ranges that such a peer
+// gets later (the first claim, if it names it) are taken at once.
+func (p *Peer) completeReclaims() {
+	xs := make([]PeerName, 0, len(p.acks))
+	for x := range p.acks {
+		xs = append(xs, x)
+	}
+	slices.Sort(xs)
+	took := false
+	for _, x := range xs {
+		if p.removed[x] != p.cfg.Self {
+			delete(p.acks, x)
+			continue
+		}
+		waiting := 0
+		for _, q := range p.livePeers() {
+			if !p.acks[x][q] {
+				waiting++
+			}
+		}
+		if waiting > 0 {
+			continue
+		}
+		n, err := p.a.Reclaim(x)
+		if err != nil {
+			p.event(true, "ipalloc: rmpeer of %s: %v", x, err)
+			continue
+		}
+		if n > 0 || !p.reported[x] {
+			p.reported[x] = true
+			p.event(false, "rmpeer of %s: %d IPs taken over", x, n)
+		}
+		if n > 0 {
+			took = true
+			p.ringChanged(true)
+		}
+	}
+	if took {
+		p.serve()
+	}
+}

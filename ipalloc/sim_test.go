@@ -1,0 +1,815 @@
+package ipalloc
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// The deterministic simulation of many peers (etcd raft's test network in
+// spirit): every schedule is a seeded random sequence of steps over a
+// simulated network that drops, delays, reorders and duplicates messages,
+// partitions and heals, crashes peers and restarts them from what their
+// Ready said to persist (and nothing else), crashes some for good and
+// removes them with rmpeer, while a workload allocates and releases. After
+// every step it checks that no address is held by two keys anywhere and
+// that every held address is inside a range its holder owns; at the end,
+// after healing, that the rings converge and that every peer gets an
+// address when there is space.
+
+var (
+	simSeed      = flag.Uint64("ipalloc.sim.seed", 0, "run only the simulation schedule with this seed, with a trace of its steps")
+	simSchedules = flag.Int("ipalloc.sim.schedules", 0, "number of simulation schedules (default 300, 40 with -short)")
+	simSteps     = flag.Int("ipalloc.sim.steps", 0, "steps per simulation schedule (default 1500, 600 with -short)")
+	simFirst     = flag.Uint64("ipalloc.sim.first", 1, "seed of the first simulation schedule")
+)
+
+// simCounts adds up what the schedules did.
+type simCounts struct {
+	Schedules, Steps, Delivered, Dropped, Duplicated, Refused   int64
+	Allocations, Releases, Failed, Lost                         int64
+	Crashes, CrashesMidReady, Restarts, Deaths, Partitions      int64
+	Donations, Reclaims, ReclaimedIPs, Claims, Violations, Msgs int64
+}
+
+func (c *simCounts) add(o *simCounts) {
+	for _, f := range []struct{ a, b *int64 }{
+		{&c.Schedules, &o.Schedules}, {&c.Steps, &o.Steps}, {&c.Delivered, &o.Delivered}, {&c.Dropped, &o.Dropped},
+		{&c.Duplicated, &o.Duplicated}, {&c.Refused, &o.Refused}, {&c.Allocations, &o.Allocations}, {&c.Releases, &o.Releases},
+		{&c.Failed, &o.Failed}, {&c.Lost, &o.Lost}, {&c.Crashes, &o.Crashes}, {&c.CrashesMidReady, &o.CrashesMidReady},
+		{&c.Restarts, &o.Restarts}, {&c.Deaths, &o.Deaths}, {&c.Partitions, &o.Partitions}, {&c.Donations, &o.Donations},
+		{&c.Reclaims, &o.Reclaims}, {&c.ReclaimedIPs, &o.ReclaimedIPs}, {&c.Claims, &o.Claims}, {&c.Violations, &o.Violations},
+		{&c.Msgs, &o.Msgs},
+	} {
+		atomic.AddInt64(f.a, *f.b)
+	}
+}
+
+func (c *simCounts) String() string {
+	return fmt.Sprintf("schedules %d, steps %d, messages %d sent / %d delivered / %d dropped / %d duplicated / %d refused, "+
+		"allocations %d (releases %d, failed for want of space or quorum %d, lost to a crash %d), "+
+		"crashes %d (%d between persisting and sending), restarts %d, crashed for good %d, partitions %d, "+
+		"donations %d, reclaims %d (%d IPs), first claims %d, violations %d",
+		c.Schedules, c.Steps, c.Msgs, c.Delivered, c.Dropped, c.Duplicated, c.Refused,
+		c.Allocations, c.Releases, c.Failed, c.Lost,
+		c.Crashes, c.CrashesMidReady, c.Restarts, c.Deaths, c.Partitions,
+		c.Donations, c.Reclaims, c.ReclaimedIPs, c.Claims, c.Violations)
+}
+
+var simTiming = Timing{PaxosRetry: 6, PaxosPatience: 15, DonationRetry: 6, AllocDeadline: 150, RemoveRetry: 8, GossipEvery: 3}
+
+type simPeer struct {
+	name    PeerName
+	init    Init
+	p       *Peer     // nil while crashed
+	disk    HardState // what survives a crash: only what Ready said to persist
+	dead    bool      // crashed for good
+	removed bool      // removed with rmpeer by some live peer
+}
+
+type simMsg struct {
+	from, to PeerName
+	data     []byte
+}
+
+type sim struct {
+	seed  uint64
+	rng   *rand.Rand
+	u     Range
+	peers []*simPeer
+	by    map[PeerName]*simPeer
+	net   []simMsg
+	group map[PeerName]int // partition: peers in different groups cannot talk
+	quiet bool             // no faults (the final phase)
+
+	held    map[Key]Address  // answered and not released: what the containers hold
+	holder  map[Key]PeerName // the peer each held or waiting key was asked of
+	waiting map[Key]bool
+	nextKey int
+
+	step    int
+	maxDie  int
+	c       simCounts
+	trace   []string
+	verbose bool
+	err     error
+}
+
+func (s *sim) tracef(format string, args ...any) {
+	line := fmt.Sprintf("%5d ", s.step) + fmt.Sprintf(format, args...)
+	if s.verbose {
+		fmt.Println(line)
+	}
+	s.trace = append(s.trace, line)
+	if len(s.trace) > 400 {
+		s.trace = s.trace[len(s.trace)-300:]
+	}
+}
+
+func (s *sim) fail(format string, args ...any) {
+	if s.err == nil {
+		s.err = fmt.Errorf("step %d: %s", s.step, fmt.Sprintf(format, args...))
+		s.c.Violations++
+	}
+}
+
+func newSim(seed uint64, verbose bool) *sim {
+	s := &sim{
+		seed: seed, rng: rand.New(rand.NewPCG(seed, seed*0x9e3779b97f4a7c15+1)),
+		by: map[PeerName]*simPeer{}, group: map[PeerName]int{},
+		held: map[Key]Address{}, holder: map[Key]PeerName{}, waiting: map[Key]bool{},
+		verbose: verbose,
+	}
+	n := 3 + s.rng.IntN(5)
+	plen := []int{24, 25, 26}[s.rng.IntN(3)]
+	s.u = Range{Start: 0x0a200000, End: 0x0a200000 + 1<<(32-plen)}
+	var names []PeerName
+	for i := range n {
+		names = append(names, PeerName(fmt.Sprintf("p%d", i)))
+	}
+	mode := s.rng.IntN(10)
+	var seeds []PeerName
+	for _, nm := range names {
+		if s.rng.IntN(2) == 0 {
+			seeds = append(seeds, nm)
+		}
+	}
+	if len(seeds) == 0 {
+		seeds = names[:1]
+	}
+	quorumOf := n
+	for i, nm := range names {
+		sp := &simPeer{name: nm}
+		switch {
+		case mode < 2: // seed=...
+			sp.init = Init{Seeds: seeds}
+		case mode < 4 && i == n-1: // consensus among the others, and an observer
+			sp.init = Init{Observer: true}
+		case mode < 4:
+			sp.init = Init{Consensus: n - 1}
+			quorumOf = n - 1
+		default:
+			sp.init = Init{Consensus: n}
+		}
+		s.peers = append(s.peers, sp)
+		s.by[nm] = sp
+	}
+	// Enough peers stay alive for a quorum and for two peers at least.
+	s.maxDie = min(quorumOf-(quorumOf/2+1), n-2)
+	s.tracef("seed %d: %d peers, universe %s, init %+v, at most %d die", seed, n, s.u, s.peers[0].init, s.maxDie)
+	for _, sp := range s.peers {
+		if s.rng.IntN(5) == 0 && sp != s.peers[0] {
+			s.tracef("%s starts late", sp.name)
+			continue
+		}
+		s.start(sp)
+	}
+	return s
+}
+
+func (s *sim) names() []PeerName {
+	out := make([]PeerName, len(s.peers))
+	for i, sp := range s.peers {
+		out[i] = sp.name
+	}
+	return out
+}
+
+// start (re)starts a peer from its disk.
+func (s *sim) start(sp *simPeer) {
+	p, err := NewPeer(PeerConfig{
+		Self: sp.name, Universe: s.u, Init: sp.init, Peers: s.names(), Timing: simTiming,
+		Rand: rand.New(rand.NewPCG(s.rng.Uint64(), s.rng.Uint64())),
+	}, sp.disk.Clone())
+	if err != nil {
+		s.fail("restart of %s: %v", sp.name, err)
+		return
+	}
+	sp.p = p
+	s.ready(sp)
+}
+
+func (s *sim) up() []*simPeer {
+	var out []*simPeer
+	for _, sp := range s.peers {
+		if sp.p != nil {
+			out = append(out, sp)
+		}
+	}
+	return out
+}
+
+func (s *sim) pick(ps []*simPeer) *simPeer {
+	if len(ps) == 0 {
+		return nil
+	}
+	return ps[s.rng.IntN(len(ps))]
+}
+
+// crash loses sp's memory: its disk stays.
+func (s *sim) crash(sp *simPeer, why string) {
+	s.tracef("crash %s (%s)", sp.name, why)
+	sp.p = nil
+	for k := range s.waiting {
+		if s.holder[k] == sp.name {
+			delete(s.waiting, k)
+			delete(s.holder, k)
+			s.c.Lost++
+		}
+	}
+}
+
+// ready acts on sp's Ready as a shell must: persist, send, answer.
+func (s *sim) ready(sp *simPeer) {
+	if sp.p == nil || !sp.p.HasReady() {
+		return
+	}
+	if !s.quiet && s.rng.IntN(400) == 0 {
+		s.c.Crashes++
+		s.crash(sp, "before persisting")
+		return
+	}
+	rd := sp.p.Ready()
+	sp.disk.Apply(rd)
+	if !s.quiet && s.rng.IntN(400) == 0 {
+		s.c.Crashes++
+		s.c.CrashesMidReady++
+		s.crash(sp, "after persisting, before sending")
+		return
+	}
+	for _, ev := range rd.Events {
+		s.tracef("%s: %s", sp.name, ev.Text)
+		switch {
+		case ev.Warn:
+			s.fail("%s warned: %s", sp.name, ev.Text)
+		case strings.HasPrefix(ev.Text, "ipalloc: gave "):
+			s.c.Donations++
+		case strings.HasPrefix(ev.Text, "ipalloc: the ring is claimed"):
+			s.c.Claims++
+		case strings.HasPrefix(ev.Text, "rmpeer of "):
+			var x string
+			var n int64
+			if _, err := fmt.Sscanf(ev.Text, "rmpeer of %s %d IPs taken over", &x, &n); err == nil && n > 0 {
+				s.c.Reclaims++
+				s.c.ReclaimedIPs += n
+			}
+		}
+	}
+	if rd.Broadcast != nil {
+		data := EncodeMsg(&RingMsg{Ring: rd.Broadcast})
+		for _, q := range s.peers {
+			if q != sp {
+				s.net = append(s.net, simMsg{from: sp.name, to: q.name, data: data})
+				s.c.Msgs++
+			}
+		}
+	}
+	for _, m := range rd.Messages {
+		s.net = append(s.net, simMsg{from: sp.name, to: m.To, data: EncodeMsg(m.Msg)})
+		s.c.Msgs++
+	}
+	for _, a := range rd.Answers {
+		if !s.waiting[a.Key] || s.holder[a.Key] != sp.name {
+			if a.Err == nil && s.held[a.Key] != a.Address {
+				s.fail("%s answered %s with %s, which nobody asked for", sp.name, a.Key, a.Address)
+			}
+			continue
+		}
+		delete(s.waiting, a.Key)
+		if a.Err != nil {
+			if !errors.Is(a.Err, ErrCanceled) {
+				s.c.Failed++
+			}
+			s.tracef("%s: %s failed: %v", sp.name, a.Key, a.Err)
+			delete(s.holder, a.Key)
+			continue
+		}
+		s.tracef("%s: %s got %s", sp.name, a.Key, a.Address)
+		s.held[a.Key] = a.Address
+		s.c.Allocations++
+	}
+}
+
+func (s *sim) readyAll() {
+	for _, sp := range s.peers {
+		s.ready(sp)
+	}
+}
+
+func (s *sim) connected(a, b PeerName) bool { return s.group[a] == s.group[b] }
+
+// deliver hands message i to its addressee.
+func (s *sim) deliver(i int) {
+	m := s.net[i]
+	s.net = slices.Delete(s.net, i, i+1)
+	to := s.by[m.to]
+	if to == nil || to.p == nil || !s.connected(m.from, m.to) {
+		s.c.Dropped++
+		return
+	}
+	s.c.Delivered++
+	msg, err := DecodeMsg(m.data)
+	if err != nil {
+		s.fail("%s -> %s: undecodable: %v", m.from, m.to, err)
+		return
+	}
+	s.tracef("%s -> %s: %s", m.from, m.to, describe(msg))
+	if err := to.p.Step(m.from, msg); err != nil {
+		if errors.Is(err, ErrRemovedPeer) {
+			s.c.Refused++
+		} else {
+			s.fail("%s refused a message from %s: %v", m.to, m.from, err)
+		}
+	}
+	s.ready(to)
+}
+
+func describe(m Msg) string {
+	switch m := m.(type) {
+	case *RingMsg:
+		return fmt.Sprintf("ring of %d entries", len(m.Ring.Entries))
+	case *PaxosMsg:
+		return fmt.Sprintf("%s %s %v", m.Type, m.Ballot, m.Value)
+	case *Donation:
+		return fmt.Sprintf("donation %x", m.ID)
+	}
+	return fmt.Sprintf("%T%+v", m, m)
+}
+
+// pushPull exchanges the gossip rings of two peers (memberlist's push-pull).
+func (s *sim) pushPull(a, b *simPeer) {
+	for _, pair := range [][2]*simPeer{{a, b}, {b, a}} {
+		s.net = append(s.net, simMsg{from: pair[0].name, to: pair[1].name, data: EncodeMsg(&RingMsg{Ring: pair[0].p.Gossip()})})
+		s.c.Msgs++
+	}
+}
+
+func (s *sim) tick() {
+	for _, sp := range s.up() {
+		sp.p.Tick()
+		s.ready(sp)
+	}
+}
+
+// mayRemove reports whether rmpeer of x is allowed now: x is dead, and no
+// other dead peer has a message in flight (the contract of rmpeer: remove a
+// peer once nothing it sent can still arrive).
+func (s *sim) mayRemove(x *simPeer) bool {
+	return x.dead && !s.handled(x) && s.drained(x)
+}
+
+// drained reports whether no dead peer other than x has a message in flight.
+func (s *sim) drained(x *simPeer) bool {
+	for _, m := range s.net {
+		if sp := s.by[m.from]; sp.dead && sp != x {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *sim) allocate(sp *simPeer) {
+	s.nextKey++
+	k := Key{ContainerID: fmt.Sprintf("c%d", s.nextKey), IfName: "eth0"}
+	s.waiting[k], s.holder[k] = true, sp.name
+	s.tracef("%s: allocate %s", sp.name, k)
+	sp.p.Allocate(k)
+	s.ready(sp)
+}
+
+// handled reports whether some peer that is not dead has taken on the
+// removal of x (on disk): otherwise the operator must rmpeer x (again).
+func (s *sim) handled(x *simPeer) bool {
+	for _, sp := range s.peers {
+		removed := sp.disk.Removed
+		if sp.p != nil {
+			removed = sp.p.Removed()
+		}
+		if !sp.dead && removed[x.name] == sp.name && sp.disk.Removed[x.name] == sp.name {
+			return true
+		}
+	}
+	return false
+}
+
+// randomStep performs one random action.
+func (s *sim) randomStep() {
+	s.step++
+	s.c.Steps++
+	up := s.up()
+	type action struct {
+		w  int
+		do func()
+	}
+	var dead, crashed, removable []*simPeer
+	for _, sp := range s.peers {
+		switch {
+		case s.mayRemove(sp):
+			removable = append(removable, sp)
+		case !sp.dead && sp.p == nil:
+			crashed = append(crashed, sp)
+		}
+		if sp.dead {
+			dead = append(dead, sp)
+		}
+	}
+	partitioned := false
+	for _, g := range s.group {
+		if g != 0 {
+			partitioned = true
+		}
+	}
+	actions := []action{
+		{500, func() {
+			if len(s.net) > 0 {
+				s.deliver(s.rng.IntN(len(s.net)))
+			}
+		}},
+		{30, func() {
+			if len(s.net) > 0 {
+				i := s.rng.IntN(len(s.net))
+				s.tracef("drop %s -> %s", s.net[i].from, s.net[i].to)
+				s.net = slices.Delete(s.net, i, i+1)
+				s.c.Dropped++
+			}
+		}},
+		{20, func() {
+			if len(s.net) > 0 {
+				s.net = append(s.net, s.net[s.rng.IntN(len(s.net))])
+				s.c.Duplicated++
+			}
+		}},
+		{120, s.tick},
+		{100, func() {
+			if sp := s.pick(up); sp != nil {
+				s.allocate(sp)
+			}
+		}},
+		{60, func() {
+			keys := slices.SortedFunc(maps.Keys(s.holder), Key.Compare)
+			if len(keys) == 0 {
+				return
+			}
+			k := keys[s.rng.IntN(len(keys))]
+			sp := s.by[s.holder[k]]
+			if sp.p == nil {
+				return
+			}
+			s.tracef("%s: release %s", sp.name, k)
+			sp.p.Release(k)
+			delete(s.held, k)
+			delete(s.holder, k)
+			if !s.waiting[k] {
+				s.c.Releases++
+			}
+			delete(s.waiting, k)
+			s.ready(sp)
+		}},
+		{40, func() {
+			a, b := s.pick(up), s.pick(up)
+			if a != nil && a != b {
+				s.pushPull(a, b)
+			}
+		}},
+		{3, func() {
+			s.c.Partitions++
+			for _, sp := range s.peers {
+				s.group[sp.name] = s.rng.IntN(2)
+			}
+			s.tracef("partition %v", s.group)
+		}},
+	}
+	if partitioned {
+		actions = append(actions, action{8, func() { clear(s.group); s.tracef("heal") }})
+	}
+	if len(up) > 0 {
+		actions = append(actions, action{5, func() { s.c.Crashes++; s.crash(s.pick(up), "random") }})
+	}
+	if len(crashed) > 0 {
+		actions = append(actions, action{15, func() {
+			sp := s.pick(crashed)
+			s.tracef("restart %s", sp.name)
+			s.c.Restarts++
+			s.start(sp)
+		}})
+	}
+	if len(dead) < s.maxDie && len(up) > 2 {
+		actions = append(actions, action{1, func() {
+			sp := s.pick(up)
+			s.c.Deaths++
+			s.crash(sp, "for good")
+			sp.dead = true
+			for k, h := range s.holder { // its pods are gone with it
+				if h == sp.name {
+					delete(s.held, k)
+					delete(s.holder, k)
+					delete(s.waiting, k)
+				}
+			}
+		}})
+	}
+	if len(removable) > 0 && len(up) > 0 {
+		actions = append(actions, action{10, func() { s.rmpeer(s.pick(removable)) }})
+	}
+	if len(dead) > 0 && len(up) > 0 {
+		// The operator runs rmpeer again, maybe on another peer.
+		actions = append(actions, action{2, func() {
+			if x := s.pick(dead); s.drained(x) {
+				s.rmpeer(x)
+			}
+		}})
+	}
+	total := 0
+	for _, a := range actions {
+		total += a.w
+	}
+	r := s.rng.IntN(total)
+	for _, a := range actions {
+		if r < a.w {
+			a.do()
+			break
+		}
+		r -= a.w
+	}
+	s.check()
+}
+
+func (s *sim) rmpeer(x *simPeer) {
+	by := s.pick(s.up())
+	s.tracef("%s: rmpeer %s", by.name, x.name)
+	if err := by.p.PeerGone(x.name); err != nil {
+		// Another (dead) peer is on it: the operator removes that one first.
+		if !strings.Contains(err.Error(), "is taking over its ranges already") {
+			s.fail("rmpeer %s on %s: %v", x.name, by.name, err)
+		}
+		s.tracef("%s: %v", by.name, err)
+	}
+	s.ready(by)
+	// The operator's command succeeded once the removal is on disk;
+	// otherwise it will be tried again. From then on, x's addresses may be
+	// handed out again: its pods are gone.
+	x.removed = x.removed || by.disk.Removed[x.name] == by.name
+}
+
+// check verifies the invariants: no address held by two keys anywhere
+// (live peers' memory, crashed peers' disks, dead peers' disks until they
+// are removed), every held address inside a range its holder owns in its
+// own ring, and the containers' view matching the peers'.
+func (s *sim) check() {
+	if s.err != nil {
+		return
+	}
+	type holder struct {
+		k Key
+		p PeerName
+	}
+	holders := make(map[Address]holder, 256)
+	for _, sp := range s.peers {
+		if sp.removed {
+			continue
+		}
+		// The checker reads the allocator's maps directly: it runs after
+		// every step, and must not make copies.
+		als, ring := sp.disk.Allocations, sp.disk.Ring
+		if sp.p != nil {
+			als, ring = sp.p.a.byKey, sp.p.a.ring
+		}
+		for k, a := range als {
+			if other, ok := holders[a]; ok {
+				s.fail("address %s is held by %s on %s and by %s on %s", a, other.k, other.p, k, sp.name)
+				return
+			}
+			holders[a] = holder{k, sp.name}
+			if a == s.u.Start || a == s.u.End-1 {
+				s.fail("%s on %s holds the reserved address %s", k, sp.name, a)
+			}
+			if ring == nil {
+				s.fail("%s on %s holds %s with no ring", k, sp.name, a)
+				return
+			}
+			if o, ok := ring.Owner(a); !ok || o != sp.name {
+				s.fail("%s on %s holds %s, which its own ring gives to %q", k, sp.name, a, o)
+			}
+		}
+	}
+	for k, a := range s.held {
+		sp := s.by[s.holder[k]]
+		var got Address
+		var ok bool
+		if sp.p != nil {
+			got, ok = sp.p.Lookup(k)
+		} else {
+			got, ok = sp.disk.Allocations[k]
+		}
+		if !ok || got != a {
+			s.fail("container %s was given %s by %s, which now has %s, %v", k, a, sp.name, got, ok)
+		}
+	}
+}
+
+// settle heals everything and runs the cluster without faults until it is
+// quiet: nothing in flight or waiting, rings equal, reclaims done.
+func (s *sim) settle(what string) {
+	s.quiet = true
+	clear(s.group)
+	for _, sp := range s.peers {
+		if sp.p == nil && !sp.dead {
+			s.tracef("restart %s", sp.name)
+			s.c.Restarts++
+			s.start(sp)
+		}
+	}
+	for round := 0; round < 3000 && s.err == nil; round++ {
+		s.step++
+		for len(s.net) > 0 && s.err == nil {
+			s.deliver(s.rng.IntN(len(s.net)))
+		}
+		for _, sp := range s.peers {
+			if s.mayRemove(sp) {
+				s.rmpeer(sp)
+			}
+		}
+		s.tick()
+		if round%5 == 0 {
+			up := s.up()
+			for i, a := range up {
+				s.pushPull(a, up[(i+1)%len(up)])
+			}
+		}
+		s.check()
+		if len(s.net) == 0 && s.quiescent() {
+			return
+		}
+	}
+	if s.err == nil {
+		s.fail("%s: the cluster did not settle: %s", what, s.describeState())
+	}
+}
+
+func (s *sim) quiescent() bool {
+	var ring *Ring
+	for _, sp := range s.up() {
+		st := sp.p.Status()
+		if st.Waiting > 0 || !st.Claimed {
+			return false
+		}
+		for _, w := range st.Reclaims {
+			if len(w) > 0 {
+				return false
+			}
+		}
+		for _, rp := range sp.p.Ring().Peers() {
+			if s.by[rp].removed {
+				return false
+			}
+		}
+		if ring == nil {
+			ring = sp.p.Ring()
+		} else if !ring.Equal(sp.p.Ring()) {
+			return false
+		}
+	}
+	return len(s.waiting) == 0
+}
+
+func (s *sim) describeState() string {
+	var b strings.Builder
+	for _, sp := range s.peers {
+		if sp.p == nil {
+			fmt.Fprintf(&b, "\n  %s: down (dead %v, removed %v)", sp.name, sp.dead, sp.removed)
+			continue
+		}
+		st := sp.p.Status()
+		fmt.Fprintf(&b, "\n  %s: %s, owned %d free %d, reclaims %v, removed %v, ring %v", sp.name, st, st.Owned, st.Free, st.Reclaims, sp.p.Removed(), sp.p.Ring().Entries)
+	}
+	return b.String()
+}
+
+// run plays one schedule of steps, settles, and checks service at the end.
+func (s *sim) run(steps int) error {
+	for s.step < steps && s.err == nil {
+		s.randomStep()
+	}
+	s.settle("after the schedule")
+	if s.err != nil {
+		return s.err
+	}
+	// Every live peer gets an address, if there is space for them all.
+	up := s.up()
+	var free uint64
+	for _, sp := range up {
+		free += sp.p.Stats().Free
+	}
+	if free >= uint64(len(up)) {
+		var keys []Key
+		for _, sp := range up {
+			s.allocate(sp)
+			keys = append(keys, Key{ContainerID: fmt.Sprintf("c%d", s.nextKey), IfName: "eth0"})
+		}
+		s.settle("after the final allocations")
+		for i, k := range keys {
+			if _, ok := s.held[k]; !ok && s.err == nil {
+				s.fail("%s did not get an address for %s in the end, with %d free in the cluster:%s", up[i].name, k, free, s.describeState())
+			}
+		}
+	}
+	// Then fill the cluster through random peers: an allocation fails only
+	// once no address is free anywhere.
+	for s.err == nil {
+		free = 0
+		for _, sp := range up {
+			free += sp.p.Stats().Free
+		}
+		failedBefore := s.c.Failed
+		for range max(1, free/8) {
+			s.allocate(s.pick(up))
+		}
+		s.settle("while filling the cluster")
+		if s.c.Failed > failedBefore {
+			var left uint64
+			for _, sp := range up {
+				left += sp.p.Stats().Free
+			}
+			if left > 0 && s.err == nil {
+				s.fail("an allocation failed with %d addresses free in the cluster:%s", left, s.describeState())
+			}
+			break
+		}
+	}
+	return s.err
+}
+
+func simRun(seed uint64, steps int, verbose bool) (*sim, error) {
+	s := newSim(seed, verbose)
+	err := s.run(steps)
+	s.c.Schedules = 1
+	return s, err
+}
+
+// TestSimulation runs many schedules. A failure prints the seed and the
+// last steps; replay one with -ipalloc.sim.seed=N.
+func TestSimulation(t *testing.T) {
+	schedules, steps := 300, 1500
+	if testing.Short() {
+		schedules, steps = 40, 600
+	}
+	if *simSchedules > 0 {
+		schedules = *simSchedules
+	}
+	if *simSteps > 0 {
+		steps = *simSteps
+	}
+	if *simSeed != 0 {
+		s, err := simRun(*simSeed, steps, testing.Verbose())
+		t.Logf("seed %d: %s", *simSeed, &s.c)
+		if err != nil {
+			t.Fatalf("seed %d: %v", *simSeed, err)
+		}
+		return
+	}
+	var total simCounts
+	var mu sync.Mutex
+	var failures []string
+	next := atomic.Uint64{}
+	next.Store(*simFirst)
+	last := *simFirst + uint64(schedules)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range runtime.GOMAXPROCS(0) {
+		wg.Go(func() {
+			for {
+				seed := next.Add(1) - 1
+				if seed >= last {
+					return
+				}
+				s, err := simRun(seed, steps, false)
+				total.add(&s.c)
+				if err != nil {
+					mu.Lock()
+					failures = append(failures, fmt.Sprintf("seed %d: %v\nlast steps:\n%s\nreplay: go test ./ipalloc -run TestSimulation -v -ipalloc.sim.seed=%d -ipalloc.sim.steps=%d",
+						seed, err, strings.Join(s.trace[max(0, len(s.trace)-60):], "\n"), seed, steps))
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("%s in %s", &total, time.Since(start).Round(time.Millisecond))
+	slices.Sort(failures)
+	for i, f := range failures {
+		if i == 3 {
+			t.Errorf("... and %d more failing seeds", len(failures)-3)
+			break
+		}
+		t.Error(f)
+	}
+}
