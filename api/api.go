@@ -14,10 +14,22 @@ import (
 
 // Paths of the local API. All bodies are JSON.
 const (
-	PathIP    = "/v1/ip"    // POST: allocate (idempotent); GET: look up; DELETE: release
-	PathGC    = "/v1/gc"    // POST: release everything not listed
-	PathReady = "/v1/ready" // GET: 200 when the peer can attach pods, 503 with a reason otherwise
+	PathIP     = "/v1/ip"     // POST: allocate (idempotent); GET: look up; DELETE: release
+	PathGC     = "/v1/gc"     // POST: release everything not listed
+	PathReady  = "/v1/ready"  // GET: 200 when the peer can attach pods, 503 with a reason otherwise
+	PathRmpeer = "/v1/rmpeer" // POST: take over the ranges of a peer that is gone for good
 )
+
+// RmpeerRequest names the peer to remove, by name or nickname.
+type RmpeerRequest struct {
+	Peer string `json:"peer"`
+}
+
+// RmpeerResponse says what the router does about it.
+type RmpeerResponse struct {
+	Peer    string `json:"peer"`
+	Message string `json:"message"`
+}
 
 // Limits on identifiers, as the CNI spec and container runtimes use them.
 const (

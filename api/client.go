@@ -134,6 +134,15 @@ func (c *Client) Ready(ctx context.Context) error {
 	return c.do(ctx, http.MethodGet, PathReady, nil, nil, &r)
 }
 
+// Rmpeer asks the router to take over the ranges of a peer that is gone.
+func (c *Client) Rmpeer(ctx context.Context, peer string) (*RmpeerResponse, error) {
+	var r RmpeerResponse
+	if err := c.do(ctx, http.MethodPost, PathRmpeer, nil, RmpeerRequest{Peer: peer}, &r); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
 func attQuery(a Attachment) url.Values {
 	return url.Values{"containerID": {a.ContainerID}, "ifName": {a.IfName}}
 }

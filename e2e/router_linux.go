@@ -199,7 +199,10 @@ func (n *Node) Weft(ctx context.Context, args ...string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return n.NS.Exec(ctx, append([]string{bin}, args...)...)
+	// The node's socket and status address reach the command through the
+	// environment (WEFT_<FLAG>), as they would on an operator's shell.
+	argv := append([]string{"env", "WEFT_SOCKET=" + n.Socket, "WEFT_HTTP_ADDR=" + n.HTTPAddr, bin}, args...)
+	return n.NS.Exec(ctx, argv...)
 }
 
 // DialContext dials from inside the node's namespace: the socket is made on a

@@ -2,6 +2,7 @@ package ipalloc
 
 import (
 	"cmp"
+	"fmt"
 	"slices"
 )
 
@@ -24,6 +25,15 @@ func (p *Peer) askDonation() {
 	if !ok {
 		clear(p.tried)
 		p.askAfter = p.now + int64(p.cfg.Timing.DonationRetry)
+		if len(p.livePeers()) == 0 {
+			// Alone: no donor can appear, so answer now rather than at
+			// the deadline. (With peers, free counts may be stale, so
+			// the requests wait and ask again.)
+			for _, w := range p.pending {
+				p.rd.Answers = append(p.rd.Answers, Answer{Key: w.key, Err: fmt.Errorf("%w, and there is no other peer to ask", ErrNoSpace)})
+			}
+			p.pending = nil
+		}
 		return
 	}
 	p.ask = &donationAsk{id: p.rng.Uint64() | 1, donor: donor, sentAt: p.now}

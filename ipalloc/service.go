@@ -1,6 +1,7 @@
 package ipalloc
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,7 +22,12 @@ const (
 	bucketAllocations = "ipalloc-allocations"
 	keyUniverse       = "universe"
 	keyRing           = "ring"
+	keyPaxos          = "paxos"
+	keyRemoved        = "removed"
 )
+
+// TickInterval is the length of one core tick (DefaultTiming assumes it).
+const TickInterval = 100 * time.Millisecond
 
 // internalPrefix starts the container id of keys the router holds for itself
 // (the bridge's gateway address). The CNI spec forbids it as a first
@@ -49,31 +55,61 @@ type record struct {
 	Meta
 }
 
+// Transport carries the core's messages to other peers (the mesh, through
+// an adapter: ipalloc does not import it). Both may be slow; the service
+// calls them from its own sender goroutine, never under its lock.
+type Transport interface {
+	Broadcast(data []byte) error
+	SendTo(peer PeerName, data []byte) error
+}
+
 // ServiceConfig configures a Service.
 type ServiceConfig struct {
 	Self     PeerName
 	Universe netip.Prefix // from ParseUniverse
+	Init     Init         // zero: consensus among 1, a lone peer
 	DB       *state.DB
 	Log      *slog.Logger
 	Now      func() time.Time
 }
 
-// Service is the IO shell around the Allocator: it serialises calls, loads
-// and saves state, and commits every change to disk before it returns.
+// Service is the IO shell around the pure Peer: it serialises calls, keeps
+// the Ready contract (persist, then send, then answer), ticks the core,
+// and makes allocation a blocking call for the local API.
 type Service struct {
+	cfg      ServiceConfig
 	db       *state.DB
 	log      *slog.Logger
-	now      func() time.Time
 	universe netip.Prefix
 
-	mu   sync.Mutex
-	a    *Allocator
-	meta map[Key]Meta
+	mu      sync.Mutex
+	p       *Peer
+	meta    map[Key]Meta          // of held allocations, and of ones being made
+	waiters map[Key][]chan Answer // callers of Allocate waiting for an answer
+	out     chan outgoing         // to routineSend
+	tr      Transport
+	broken  error // set when the state could not be saved nor reloaded
 }
 
-// NewService loads the allocator's state from cfg.DB. A peer with no ring
-// yet claims the whole range: the single-peer case; the consensus issue
-// replaces this with an agreed claim.
+// ErrBroken wraps every error of a service whose state could not be saved
+// nor reloaded: the router must restart, rebuilding from what is on disk.
+var ErrBroken = errors.New("ipalloc state unusable; restart the router")
+
+// Err returns the error that made the service unusable, or nil.
+func (s *Service) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.broken
+}
+
+type outgoing struct {
+	broadcast []byte
+	to        PeerName
+	data      []byte
+}
+
+// NewService loads the state and builds the core. A lone peer (consensus
+// among 1, the default) claims the whole range at once.
 func NewService(cfg ServiceConfig) (*Service, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -81,9 +117,14 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Service{db: cfg.DB, log: cfg.Log, now: cfg.Now, universe: cfg.Universe, meta: map[Key]Meta{}}
-	s.a = NewAllocator(cfg.Self, RangeOf(cfg.Universe))
-
+	if cfg.Init.Consensus == 0 && len(cfg.Init.Seeds) == 0 && !cfg.Init.Observer {
+		cfg.Init.Consensus = 1
+	}
+	s := &Service{
+		cfg: cfg, db: cfg.DB, log: cfg.Log, universe: cfg.Universe,
+		meta: map[Key]Meta{}, waiters: map[Key][]chan Answer{},
+		out: make(chan outgoing, 4096),
+	}
 	saved, err := cfg.DB.Get(bucketIPAM, keyUniverse)
 	if err != nil {
 		return nil, err
@@ -93,67 +134,67 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 			"start with --ipalloc-range=%s, or (only on a node without pods) remove the state file to start afresh",
 			ErrBadRange, cfg.DB.Path(), saved, cfg.Universe, saved)
 	}
-	if err := s.loadRing(); err != nil {
+	if err := cfg.DB.Put(bucketIPAM, keyUniverse, []byte(cfg.Universe.String())); err != nil {
 		return nil, err
 	}
-	// Claim before restoring allocations, so that saved allocations of a state
-	// whose ring record went missing are restored into the claim rather than
-	// set aside while the same addresses become free.
-	if s.a.ring.Empty() {
-		if err := s.a.ClaimAlone(); err != nil {
-			return nil, err
-		}
-		if err := s.saveRing(); err != nil {
-			return nil, err
-		}
-	}
-	if err := s.loadAllocations(); err != nil {
+	if err := s.load(); err != nil {
 		return nil, err
 	}
-	s.logOwnership()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if cfg.Init.Consensus == 1 {
+		// A lone peer agrees with itself: run its core until it has claimed.
+		for i := 0; i < 1000 && !s.p.Status().Claimed; i++ {
+			s.p.Tick()
+			if err := s.flushLocked(); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := s.flushLocked(); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
-func (s *Service) loadRing() error {
-	data, err := s.db.Get(bucketIPAM, keyRing)
-	if err != nil || len(data) == 0 {
-		return err
-	}
-	var r Ring
-	if err := json.Unmarshal(data, &r); err != nil {
-		return fmt.Errorf("the ring saved in %s is unreadable: %w (move the file away to start afresh; allocations on this node would be lost)", s.db.Path(), err)
-	}
-	if err := s.a.SetRing(&r); err != nil {
-		return fmt.Errorf("the ring saved in %s is invalid: %w", s.db.Path(), err)
-	}
-	return nil
-}
-
-func (s *Service) saveRing() error {
-	data, err := json.Marshal(s.a.ring)
+// load reads the hard state and the allocations' metadata, and builds the core.
+func (s *Service) load() error {
+	var hs HardState
+	var bad []string
+	err := s.db.View(bucketIPAM, func(b *bolt.Bucket) error {
+		if b == nil {
+			return nil
+		}
+		if data := b.Get([]byte(keyRing)); len(data) > 0 {
+			var r Ring
+			if err := json.Unmarshal(data, &r); err != nil {
+				return fmt.Errorf("the ring saved in %s is unreadable: %w (move the file away to start afresh; allocations on this node would be lost)", s.db.Path(), err)
+			}
+			if err := r.Validate(); err != nil {
+				return fmt.Errorf("the ring saved in %s is invalid: %w", s.db.Path(), err)
+			}
+			hs.Ring = &r
+		}
+		if data := b.Get([]byte(keyPaxos)); len(data) > 0 {
+			if err := json.Unmarshal(data, &hs.Paxos); err != nil {
+				return fmt.Errorf("the consensus state saved in %s is unreadable: %w", s.db.Path(), err)
+			}
+		}
+		if data := b.Get([]byte(keyRemoved)); len(data) > 0 {
+			if err := json.Unmarshal(data, &hs.Removed); err != nil {
+				return fmt.Errorf("the removed peers saved in %s are unreadable: %w", s.db.Path(), err)
+			}
+		}
+		return nil
+	})
 	if err != nil {
 		return err
 	}
-	return s.db.Update(bucketIPAM, func(b *bolt.Bucket) error {
-		if err := b.Put([]byte(keyUniverse), []byte(s.universe.String())); err != nil {
-			return err
-		}
-		return b.Put([]byte(keyRing), data)
-	})
-}
-
-func dbKey(k Key) []byte { return []byte(k.ContainerID + "\x00" + k.IfName) }
-
-func parseDBKey(b []byte) (Key, bool) {
-	id, ifname, ok := strings.Cut(string(b), "\x00")
-	return Key{ContainerID: id, IfName: ifname}, ok
-}
-
-// loadAllocations restores every saved allocation. A record that cannot be
-// restored is reported and kept on disk, never silently dropped.
-func (s *Service) loadAllocations() error {
-	var bad []string
-	err := s.db.View(bucketAllocations, func(b *bolt.Bucket) error {
+	if hs.Ring != nil && hs.Ring.Universe != RangeOf(s.universe) {
+		return fmt.Errorf("the ring saved in %s is invalid: it is for range %s, but --ipalloc-range is %s", s.db.Path(), hs.Ring.Universe, s.universe)
+	}
+	meta := map[Key]Meta{}
+	err = s.db.View(bucketAllocations, func(b *bolt.Bucket) error {
 		if b == nil {
 			return nil
 		}
@@ -170,14 +211,15 @@ func (s *Service) loadAllocations() error {
 				return nil
 			}
 			addr, err := AddressFrom(ip)
-			if err == nil {
-				err = s.a.Restore(k, addr)
-			}
 			if err != nil {
 				bad = append(bad, fmt.Sprintf("%s: %v", k, err))
 				return nil
 			}
-			s.meta[k] = rec.Meta
+			if hs.Allocations == nil {
+				hs.Allocations = map[Key]Address{}
+			}
+			hs.Allocations[k] = addr
+			meta[k] = rec.Meta
 			return nil
 		})
 	})
@@ -187,20 +229,254 @@ func (s *Service) loadAllocations() error {
 	for _, b := range bad {
 		s.log.Error("ipalloc: a saved allocation could not be restored; it stays on disk", "allocation", b)
 	}
+	if (hs.Ring == nil || hs.Ring.Empty()) && len(hs.Allocations) > 0 {
+		return fmt.Errorf("the state in %s holds %d allocations but no ring, so it cannot tell which addresses are this peer's; "+
+			"restore the file from a backup, or (only after removing this node's pods) remove it to start afresh", s.db.Path(), len(hs.Allocations))
+	}
+	p, err := NewPeer(PeerConfig{Self: s.cfg.Self, Universe: RangeOf(s.universe), Init: s.cfg.Init}, hs)
+	if err != nil {
+		return err
+	}
+	s.p, s.meta = p, meta
+	for k := range meta {
+		if _, ok := p.Lookup(k); !ok {
+			delete(s.meta, k) // not restored (reported by the core)
+		}
+	}
 	if n := len(s.meta); n > 0 {
 		s.log.Info("ipalloc: restored allocations from state", "count", n, "state", s.db.Path())
 	}
 	return nil
 }
 
-func (s *Service) logOwnership() {
-	total := uint64(s.a.Universe().Size())
-	for _, r := range s.a.Owned() {
-		for _, c := range r.CIDRs() {
-			n := uint64(1) << (32 - c.Bits())
-			s.log.Info(fmt.Sprintf("ipalloc: owning %s (%d addresses, %.4g%% of range)", c, n, Percent(n, total)))
+func dbKey(k Key) []byte { return []byte(k.ContainerID + "\x00" + k.IfName) }
+
+func parseDBKey(b []byte) (Key, bool) {
+	id, ifname, ok := strings.Cut(string(b), "\x00")
+	return Key{ContainerID: id, IfName: ifname}, ok
+}
+
+// flushLocked acts on the core's Ready: persist, then queue the sends,
+// then answer and log. If persisting fails, the core is rebuilt from disk
+// and nothing of that Ready is sent or answered.
+func (s *Service) flushLocked() error {
+	if s.broken != nil {
+		return s.broken
+	}
+	for s.p.HasReady() {
+		rd := s.p.Ready()
+		if err := s.persistLocked(rd); err != nil {
+			s.log.Error("ipalloc: saving state failed; reloading it from disk", "err", err)
+			if lerr := s.load(); lerr != nil {
+				// Memory may now hold what the disk does not: answer
+				// nothing from it any more.
+				s.broken = fmt.Errorf("%w: %w", ErrBroken, errors.Join(err, lerr))
+			}
+			for k, ws := range s.waiters {
+				for _, w := range ws {
+					w <- Answer{Key: k, Err: fmt.Errorf("saving the allocation: %w", err)}
+				}
+				delete(s.waiters, k)
+			}
+			return err
+		}
+		if rd.Broadcast != nil {
+			s.queue(outgoing{broadcast: EncodeMsg(&RingMsg{Ring: rd.Broadcast})})
+		}
+		for _, m := range rd.Messages {
+			s.queue(outgoing{to: m.To, data: EncodeMsg(m.Msg)})
+		}
+		for _, a := range rd.Answers {
+			if a.Err != nil {
+				if _, held := s.p.Lookup(a.Key); !held {
+					delete(s.meta, a.Key)
+				}
+			}
+			for _, w := range s.waiters[a.Key] {
+				w <- a
+			}
+			delete(s.waiters, a.Key)
+		}
+		for _, e := range rd.Events {
+			if e.Warn {
+				s.log.Warn(e.Text)
+			} else {
+				s.log.Info(e.Text)
+			}
 		}
 	}
+	return nil
+}
+
+func (s *Service) queue(o outgoing) {
+	if s.tr == nil {
+		return // no mesh (tests, a lone peer before it starts): push-pull catches up
+	}
+	select {
+	case s.out <- o:
+	default:
+		s.log.Warn("ipalloc: send queue full; dropping a message (gossip and retries recover it)")
+	}
+}
+
+// persistLocked writes what rd says to persist, in one transaction.
+func (s *Service) persistLocked(rd Ready) error {
+	if rd.Ring == nil && rd.Paxos == nil && rd.Removed == nil && len(rd.Allocs) == 0 {
+		return nil
+	}
+	now := s.cfg.Now().UTC()
+	return s.db.Batch(func(tx *bolt.Tx) error {
+		ipam, err := tx.CreateBucketIfNotExists([]byte(bucketIPAM))
+		if err != nil {
+			return err
+		}
+		put := func(key string, v any) error {
+			data, err := json.Marshal(v)
+			if err != nil {
+				return err
+			}
+			return ipam.Put([]byte(key), data)
+		}
+		if rd.Ring != nil {
+			if err := put(keyRing, rd.Ring); err != nil {
+				return err
+			}
+		}
+		if rd.Paxos != nil {
+			if err := put(keyPaxos, rd.Paxos); err != nil {
+				return err
+			}
+		}
+		if rd.Removed != nil {
+			if err := put(keyRemoved, rd.Removed); err != nil {
+				return err
+			}
+		}
+		if len(rd.Allocs) == 0 {
+			return nil
+		}
+		allocs, err := tx.CreateBucketIfNotExists([]byte(bucketAllocations))
+		if err != nil {
+			return err
+		}
+		for _, c := range rd.Allocs {
+			if !c.Held {
+				delete(s.meta, c.Key)
+				if err := allocs.Delete(dbKey(c.Key)); err != nil {
+					return err
+				}
+				continue
+			}
+			m := s.meta[c.Key]
+			if m.Created.IsZero() {
+				m.Created = now
+			}
+			s.meta[c.Key] = m
+			data, err := json.Marshal(record{Address: c.Address.String(), Meta: m})
+			if err != nil {
+				return err
+			}
+			if err := allocs.Put(dbKey(c.Key), data); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Run ticks the core and sends its messages until ctx ends. tr may be nil
+// for a peer without a mesh.
+func (s *Service) Run(ctx context.Context, tr Transport) {
+	s.mu.Lock()
+	s.tr = tr
+	s.mu.Unlock()
+	var wg sync.WaitGroup
+	if tr != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); s.routineSend(ctx, tr) }()
+	}
+	t := time.NewTicker(TickInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			wg.Wait()
+			return
+		case <-t.C:
+			s.mu.Lock()
+			s.p.Tick()
+			if err := s.flushLocked(); err != nil {
+				s.log.Error("ipalloc: tick", "err", err)
+			}
+			s.mu.Unlock()
+		}
+	}
+}
+
+// routineSend delivers queued messages in order, off the service's lock.
+func (s *Service) routineSend(ctx context.Context, tr Transport) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case o := <-s.out:
+			var err error
+			if o.broadcast != nil {
+				err = tr.Broadcast(o.broadcast)
+			} else {
+				err = tr.SendTo(o.to, o.data)
+			}
+			if err != nil {
+				s.log.Debug("ipalloc: sending failed (retried by the core or healed by gossip)", "to", o.to, "err", err)
+			}
+		}
+	}
+}
+
+// Step takes a message from another peer.
+func (s *Service) Step(from PeerName, data []byte) error {
+	m, err := DecodeMsg(data)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	err = s.p.Step(from, m)
+	if ferr := s.flushLocked(); ferr != nil {
+		return ferr
+	}
+	if err != nil && !errors.Is(err, ErrRemovedPeer) {
+		s.log.Warn("ipalloc: refused a message", "from", from, "err", err)
+	}
+	return err
+}
+
+// LocalState is this peer's ring as saved, for a full-state exchange.
+func (s *Service) LocalState() []byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return EncodeMsg(&RingMsg{Ring: s.p.Gossip()})
+}
+
+// AddPeer tells the core about a member of the mesh.
+func (s *Service) AddPeer(name PeerName) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.p.AddPeer(name)
+	if err := s.flushLocked(); err != nil {
+		s.log.Error("ipalloc: adding a peer", "err", err)
+	}
+}
+
+// PeerGone starts the reclaim of a peer that is gone for good (weft rmpeer);
+// it returns once the decision is on disk.
+func (s *Service) PeerGone(name PeerName) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.p.PeerGone(name); err != nil {
+		return err
+	}
+	return s.flushLocked()
 }
 
 // Prefix returns addr with the length of the pod network.
@@ -212,35 +488,66 @@ func (s *Service) Prefix(addr Address) netip.Prefix {
 func (s *Service) Universe() netip.Prefix { return s.universe }
 
 // Allocate returns k's address, allocating and saving a new one if needed.
-func (s *Service) Allocate(k Key, m Meta) (netip.Addr, bool, error) {
+// It waits (bounded by ctx and the core's deadline) while this peer waits
+// for the first claim or for a donation.
+func (s *Service) Allocate(ctx context.Context, k Key, m Meta) (netip.Addr, bool, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	addr, isNew, err := s.a.Allocate(k)
-	if err != nil {
-		return netip.Addr{}, false, err // not 0.0.0.0, which looks like an address
-	}
-	if !isNew {
+	if addr, ok := s.p.Lookup(k); ok {
+		s.mu.Unlock()
 		return addr.Addr(), false, nil
 	}
-	m.Created = s.now().UTC()
-	data, err := json.Marshal(record{Address: addr.String(), Meta: m})
-	if err == nil {
-		err = s.db.Update(bucketAllocations, func(b *bolt.Bucket) error { return b.Put(dbKey(k), data) })
+	ch := make(chan Answer, 1)
+	s.waiters[k] = append(s.waiters[k], ch)
+	if _, ok := s.meta[k]; !ok {
+		s.meta[k] = m
 	}
+	s.p.Allocate(k)
+	err := s.flushLocked()
+	s.mu.Unlock()
 	if err != nil {
-		s.a.Release(k) // not on disk, so not handed out
 		return netip.Addr{}, false, fmt.Errorf("saving allocation of %s: %w", k, err)
 	}
-	s.meta[k] = m
-	s.log.Debug("ipalloc: allocated", "key", k, "address", addr, "pod", m.PodNamespace+"/"+m.PodName)
-	return addr.Addr(), true, nil
+	select {
+	case a := <-ch:
+		if a.Err != nil {
+			return netip.Addr{}, false, fmt.Errorf("allocating for %s: %w", k, a.Err)
+		}
+		return a.Address.Addr(), true, nil
+	case <-ctx.Done():
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.dropWaiterLocked(k, ch)
+		if addr, ok := s.p.Lookup(k); ok { // answered meanwhile
+			return addr.Addr(), true, nil
+		}
+		return netip.Addr{}, false, fmt.Errorf("%w: still waiting for space (%s)", ErrNoSpace, s.p.Status())
+	}
+}
+
+func (s *Service) dropWaiterLocked(k Key, ch chan Answer) {
+	ws := s.waiters[k]
+	for i, w := range ws {
+		if w == ch {
+			s.waiters[k] = append(ws[:i:i], ws[i+1:]...)
+			break
+		}
+	}
+	if len(s.waiters[k]) == 0 {
+		delete(s.waiters, k)
+		if _, held := s.p.Lookup(k); !held {
+			delete(s.meta, k)
+		}
+	}
 }
 
 // Lookup returns k's address.
 func (s *Service) Lookup(k Key) (netip.Addr, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	addr, ok := s.a.Lookup(k)
+	if s.broken != nil {
+		return netip.Addr{}, false
+	}
+	addr, ok := s.p.Lookup(k)
 	return addr.Addr(), ok
 }
 
@@ -248,48 +555,32 @@ func (s *Service) Lookup(k Key) (netip.Addr, bool) {
 func (s *Service) Release(k Key) (netip.Addr, bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	addr, ok := s.a.Lookup(k)
+	addr, ok := s.p.Lookup(k)
+	s.p.Release(k)
+	if err := s.flushLocked(); err != nil {
+		return netip.Addr{}, false, fmt.Errorf("saving release of %s: %w", k, err)
+	}
 	if !ok {
 		return netip.Addr{}, false, nil
 	}
-	// Delete on disk first: if that fails the address stays held everywhere.
-	if err := s.db.Update(bucketAllocations, func(b *bolt.Bucket) error { return b.Delete(dbKey(k)) }); err != nil {
-		return netip.Addr{}, false, fmt.Errorf("saving release of %s: %w", k, err)
-	}
-	s.a.Release(k)
-	delete(s.meta, k)
 	s.log.Debug("ipalloc: released", "key", k, "address", addr)
 	return addr.Addr(), true, nil
 }
 
-// GC releases every pod allocation whose key keep rejects, in one
-// transaction, and returns what it released.
+// GC releases every pod allocation whose key keep rejects, and returns what
+// it released.
 func (s *Service) GC(keep func(Key) bool) ([]Allocation, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var drop []Allocation
-	for _, al := range s.a.Allocations() {
+	for _, al := range s.p.Allocations() {
 		if !al.Key.Internal() && !keep(al.Key) {
 			drop = append(drop, al)
+			s.p.Release(al.Key)
 		}
 	}
-	if len(drop) == 0 {
-		return nil, nil
-	}
-	err := s.db.Update(bucketAllocations, func(b *bolt.Bucket) error {
-		for _, al := range drop {
-			if err := b.Delete(dbKey(al.Key)); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
+	if err := s.flushLocked(); err != nil {
 		return nil, fmt.Errorf("saving GC: %w", err)
-	}
-	for _, al := range drop {
-		s.a.Release(al.Key)
-		delete(s.meta, al.Key)
 	}
 	return drop, nil
 }
@@ -307,6 +598,7 @@ type Snapshot struct {
 	Ring        *Ring
 	Owned       []Range
 	Stats       Stats
+	Status      PeerStatus
 	Allocations []Held
 }
 
@@ -314,8 +606,8 @@ type Snapshot struct {
 func (s *Service) Snapshot() Snapshot {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	snap := Snapshot{Self: s.a.Self(), Universe: s.universe, Ring: s.a.Ring(), Owned: s.a.Owned(), Stats: s.a.Stats()}
-	for _, al := range s.a.Allocations() {
+	snap := Snapshot{Self: s.p.Self(), Universe: s.universe, Ring: s.p.Ring(), Owned: s.p.Owned(), Stats: s.p.Stats(), Status: s.p.Status()}
+	for _, al := range s.p.Allocations() {
 		snap.Allocations = append(snap.Allocations, Held{Allocation: al, Meta: s.meta[al.Key]})
 	}
 	return snap
@@ -325,7 +617,14 @@ func (s *Service) Snapshot() Snapshot {
 func (s *Service) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.a.Stats()
+	return s.p.Stats()
+}
+
+// Status is the core's status, for the Status: line.
+func (s *Service) Status() PeerStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.p.Status()
 }
 
 // ErrIsExhausted reports whether err means no address can be had now.

@@ -37,6 +37,9 @@ func FuzzLocalAPI(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Cleanup(func() { r.db.Close() })
+	if err := r.openIPAM(); err != nil {
+		f.Fatal(err)
+	}
 	r.setReady(true, "")
 	h := (&localAPI{r: r}).handler()
 

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +13,10 @@ import (
 	"github.com/weft-net/weft/api"
 	"github.com/weft-net/weft/ipalloc"
 )
+
+// allocateWait bounds how long an allocation waits for space (a claim or a
+// donation); the plugin then reports "try again", and the runtime retries.
+const allocateWait = 20 * time.Second
 
 // maxRequestBody bounds a local API request; a GC list of 10,000 attachments fits.
 const maxRequestBody = 4 << 20
@@ -29,6 +34,7 @@ func (l *localAPI) handler() http.Handler {
 	mux.HandleFunc("DELETE "+api.PathIP, l.instrument("release", l.release))
 	mux.HandleFunc("POST "+api.PathGC, l.instrument("gc", l.gc))
 	mux.HandleFunc("GET "+api.PathReady, l.instrument("ready", l.ready))
+	mux.HandleFunc("POST "+api.PathRmpeer, l.instrument("rmpeer", l.rmpeer))
 	mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
 		writeError(w, http.StatusNotFound, api.CodeInvalid, fmt.Sprintf("no local API endpoint %s %s", req.Method, req.URL.Path))
 	})
@@ -120,7 +126,9 @@ func (l *localAPI) allocate(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	k := key(in.Attachment)
-	ip, isNew, err := l.r.ipam.Allocate(k, ipalloc.Meta{Netns: in.Netns, PodNamespace: in.PodNamespace, PodName: in.PodName})
+	ctx, cancel := context.WithTimeout(req.Context(), allocateWait)
+	defer cancel()
+	ip, isNew, err := l.r.ipam.Allocate(ctx, k, ipalloc.Meta{Netns: in.Netns, PodNamespace: in.PodNamespace, PodName: in.PodName})
 	switch {
 	case ipalloc.ErrIsExhausted(err):
 		writeError(w, http.StatusServiceUnavailable, api.CodeExhausted, fmt.Sprintf("no address for %s: %v", k, err))
@@ -216,4 +224,36 @@ func (l *localAPI) ready(w http.ResponseWriter, _ *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, api.Readiness{Ready: true})
+}
+
+func (l *localAPI) rmpeer(w http.ResponseWriter, req *http.Request) {
+	var in api.RmpeerRequest
+	if !decode(w, req, &in) {
+		return
+	}
+	if in.Peer == "" {
+		writeError(w, http.StatusBadRequest, api.CodeInvalid, "rmpeer needs the name or nickname of the peer that is gone")
+		return
+	}
+	name, err := l.r.resolvePeer(in.Peer)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, api.CodeInvalid, err.Error())
+		return
+	}
+	if err := l.r.ipam.PeerGone(name); err != nil {
+		writeError(w, http.StatusBadRequest, api.CodeInvalid, err.Error())
+		return
+	}
+	var size uint64
+	for _, s := range l.r.ipam.Snapshot().Ring.Shares() {
+		if s.Peer == name {
+			size = s.Size
+		}
+	}
+	msg := fmt.Sprintf("rmpeer of %s: taking over its ranges (%d IPs) once every live peer has stopped listening to it", name, size)
+	if size == 0 {
+		msg = fmt.Sprintf("rmpeer of %s: it owns no ranges now", name)
+	}
+	l.r.log.Info(msg, "by", "weft rmpeer")
+	writeJSON(w, http.StatusOK, api.RmpeerResponse{Peer: string(name), Message: msg})
 }

@@ -32,6 +32,9 @@ func newTestRouter(t *testing.T, rangeCIDR string) (*Router, *api.Client) {
 	}
 	t.Cleanup(func() { r.db.Close() })
 	r.netState = netState{host: netip.MustParseAddr("10.250.0.1"), mtu: 1440, gateway: netip.MustParsePrefix("10.32.0.1/12")}
+	if err := r.openIPAM(); err != nil {
+		t.Fatal(err)
+	}
 	ln, err := listenUnix(c.Socket)
 	if err != nil {
 		t.Fatal(err)

@@ -45,6 +45,10 @@ func (r *Router) startMesh(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if r.ipamCh, err = m.Channel(IPAMChannel, ipamGossiper{r: r}); err != nil {
+		m.Close()
+		return err
+	}
 	if err := m.Start(ctx); err != nil {
 		m.Close()
 		return err

@@ -38,8 +38,9 @@ type Router struct {
 	name    string
 	srcDir  string // where weft-cni and portmap are installed from
 
-	mesh       *mesh.Mesh // set by Run
-	knownPeers []string   // as last saved
+	mesh       *mesh.Mesh    // set by Run
+	ipamCh     *mesh.Channel // the allocator's gossip channel
+	knownPeers []string      // as last saved
 
 	mu       sync.Mutex
 	netState netState
@@ -90,12 +91,6 @@ func New(cfg *Validated, log *slog.Logger) (*Router, error) {
 	if err := ValidatePeerName(r.name); err != nil {
 		return fail(fmt.Errorf("the peer name saved in %s is invalid (%w); start with --name", db.Path(), err))
 	}
-	r.ipam, err = ipalloc.NewService(ipalloc.ServiceConfig{
-		Self: ipalloc.PeerName(r.name), Universe: cfg.Universe, DB: db, Log: log,
-	})
-	if err != nil {
-		return fail(err)
-	}
 	exe, err := os.Executable()
 	if err == nil {
 		exe, err = filepath.EvalSymlinks(exe)
@@ -112,19 +107,22 @@ func New(cfg *Validated, log *slog.Logger) (*Router, error) {
 // Name is this peer's name.
 func (r *Router) Name() string { return r.name }
 
-// Run sets the node up, serves until ctx ends, then shuts down: the servers
-// stop first, then the state is closed. Pods, the bridge and the CNI config
-// are left in place so that a restart (or an upgrade) disturbs nothing.
+// Run sets the node up, serves until ctx ends, then shuts down in this
+// order: the servers, the allocator, the mesh (leaving it), the state.
+// Pods, the bridge and the CNI config are left in place so that a restart
+// (or an upgrade) disturbs nothing.
 func (r *Router) Run(ctx context.Context) error {
 	defer r.db.Close()
 
-	if err := r.setupNetwork(); err != nil {
+	if err := r.setupUnderlay(); err != nil {
+		return err
+	}
+	if err := r.openIPAM(); err != nil {
 		return err
 	}
 	if err := r.startMesh(ctx); err != nil {
 		return err
 	}
-	// The mesh is left before the state closes (deferred above, so later).
 	defer func() {
 		r.saveKnownPeers()
 		if err := r.mesh.Close(); err != nil {
@@ -151,29 +149,27 @@ func (r *Router) Run(ctx context.Context) error {
 	apiSrv := &http.Server{Handler: (&localAPI{r: r}).handler(), ReadHeaderTimeout: 10 * time.Second}
 	statusSrv := &http.Server{Handler: r.statusHandler(loopback), ReadHeaderTimeout: 10 * time.Second}
 
+	runCtx, stopRoutines := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	serve := func(name string, s *http.Server, ln net.Listener) {
 		defer wg.Done()
 		if err := s.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			errc <- fmt.Errorf("%s: %w", name, err)
 		}
 	}
-	wg.Add(2)
+	wg.Add(5)
 	go serve("local API", apiSrv, apiLn)
 	go serve("status server", statusSrv, statusLn)
-	r.log.Info("serving", "local-api", r.cfg.Socket, "status", "http://"+statusLn.Addr().String()+"/status")
-
-	if changed, err := installCNI(r.srcDir, r.cfg.CNIBinDir, r.cfg.CNIConfDir, r.cfg.Socket); err != nil {
-		r.setReady(false, "CNI plugin not installed: "+err.Error())
-		r.log.Error("cannot install the CNI plugin; pods cannot be attached", "err", err)
-	} else {
-		for _, c := range changed {
-			r.log.Info("installed CNI file", "path", c)
+	go func() { defer wg.Done(); r.ipam.Run(runCtx, meshTransport{ch: r.ipamCh}) }()
+	go func() { defer wg.Done(); r.routineMembers(runCtx) }()
+	go func() {
+		defer wg.Done()
+		if err := r.routineSetup(runCtx); err != nil {
+			errc <- err
 		}
-		r.setReady(true, "")
-		r.log.Info("ready: pods can be attached", "bridge", r.cfg.Bridge, "conflist", filepath.Join(r.cfg.CNIConfDir, ConfListName))
-	}
+	}()
+	r.log.Info("serving", "local-api", r.cfg.Socket, "status", "http://"+statusLn.Addr().String()+"/status")
 
 	t := time.NewTicker(reconcileEvery)
 	defer t.Stop()
@@ -187,10 +183,16 @@ loop:
 			runErr = err
 			break loop
 		case <-t.C:
-			if err := r.ensureBridge(); err != nil {
-				r.log.Error("re-ensuring the bridge failed", "err", err)
+			if ok, _ := r.Ready(); ok {
+				if err := r.ensureBridge(); err != nil {
+					r.log.Error("re-ensuring the bridge failed", "err", err)
+				}
 			}
 			r.saveKnownPeers()
+			if err := r.ipam.Err(); err != nil {
+				runErr = err // restart, rebuilding from what is on disk
+				break loop
+			}
 		}
 	}
 	r.log.Info("shutting down")
@@ -198,14 +200,14 @@ loop:
 	defer cancel()
 	_ = apiSrv.Shutdown(shutCtx)
 	_ = statusSrv.Shutdown(shutCtx)
+	stopRoutines()
 	wg.Wait()
 	os.Remove(r.cfg.Socket)
 	return runErr
 }
 
-// setupNetwork finds the underlay, derives the pod MTU, takes the gateway
-// address and converges the bridge.
-func (r *Router) setupNetwork() error {
+// setupUnderlay finds the underlay address and derives the pod MTU.
+func (r *Router) setupUnderlay() error {
 	ifName, underMTU, defAddr, routeErr := bridge.DefaultRouteMTU("")
 	host := r.cfg.Host
 	switch {
@@ -224,15 +226,56 @@ func (r *Router) setupNetwork() error {
 		return err
 	}
 	r.log.Info("underlay", "host", host, "interface", ifName, "underlay-mtu", underMTU, "pod-mtu", mtu, "encap", r.cfg.Encap)
+	r.mu.Lock()
+	r.netState = netState{host: host, mtu: mtu}
+	r.mu.Unlock()
+	return nil
+}
 
-	gw, _, err := r.ipam.Allocate(ipalloc.GatewayKey(r.cfg.Bridge), ipalloc.Meta{})
-	if err != nil {
-		return fmt.Errorf("allocating the bridge's gateway address: %w", err)
+// routineSetup waits for this peer's first address (the bridge's gateway:
+// it comes once the ring is claimed and this peer has space), then
+// converges the bridge and installs the CNI plugin, and only then declares
+// the peer ready.
+func (r *Router) routineSetup(ctx context.Context) error {
+	var gw netip.Addr
+	for {
+		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		addr, _, err := r.ipam.Allocate(actx, ipalloc.GatewayKey(r.cfg.Bridge), ipalloc.Meta{})
+		cancel()
+		if err == nil {
+			gw = addr
+			break
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		reason := "ipam " + r.ipamStatus(r.ipam.Snapshot())
+		r.setReady(false, reason)
+		r.log.Info("waiting for this peer's first address", "status", reason, "err", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
 	}
 	r.mu.Lock()
-	r.netState = netState{host: host, mtu: mtu, gateway: netip.PrefixFrom(gw, r.cfg.Universe.Bits())}
+	r.netState.gateway = netip.PrefixFrom(gw, r.cfg.Universe.Bits())
 	r.mu.Unlock()
-	return r.ensureBridge()
+	if err := r.ensureBridge(); err != nil {
+		return err
+	}
+	changed, err := installCNI(r.srcDir, r.cfg.CNIBinDir, r.cfg.CNIConfDir, r.cfg.Socket)
+	if err != nil {
+		r.setReady(false, "CNI plugin not installed: "+err.Error())
+		r.log.Error("cannot install the CNI plugin; pods cannot be attached", "err", err)
+		return nil
+	}
+	for _, c := range changed {
+		r.log.Info("installed CNI file", "path", c)
+	}
+	r.setReady(true, "")
+	r.log.Info("ready: pods can be attached", "bridge", r.cfg.Bridge, "gateway", gw, "conflist", filepath.Join(r.cfg.CNIConfDir, ConfListName))
+	return nil
 }
 
 func (r *Router) ensureBridge() error {

@@ -119,9 +119,12 @@ func (r *Router) Report() Report {
 	total := uint64(snap.Universe.Bits())
 	total = uint64(1) << (32 - total)
 	for _, s := range snap.Ring.Shares() {
-		o := OwnerReport{Peer: string(s.Peer), Size: s.Size, Free: s.Free, Percent: ipalloc.Percent(s.Size, total), Reach: true}
+		o := OwnerReport{Peer: string(s.Peer), Nickname: r.nickname(string(s.Peer)), Size: s.Size, Free: s.Free,
+			Percent: ipalloc.Percent(s.Size, total), Reach: r.reachable(string(s.Peer))}
 		if s.Peer == snap.Self {
-			o.Nickname, o.Active = r.cfg.Nickname, active
+			o.Active = active
+		} else if s.Size >= s.Free {
+			o.Active = int(s.Size - s.Free) // as its owner last gossiped; includes its gateway
 		}
 		rep.IPAM.Owners = append(rep.IPAM.Owners, o)
 	}
@@ -129,13 +132,40 @@ func (r *Router) Report() Report {
 }
 
 func (r *Router) ipamStatus(snap ipalloc.Snapshot) string {
-	switch {
-	case snap.Ring.Empty():
-		return "awaiting consensus"
-	case snap.Stats.Owned == 0:
-		return "waiting for space"
+	st := snap.Status.String()
+	if st != "waiting for space" || r.mesh == nil {
+		return st
 	}
-	return "ready"
+	for _, sh := range snap.Ring.Shares() {
+		if sh.Peer != snap.Self && sh.Free > 0 && r.reachable(string(sh.Peer)) {
+			return st
+		}
+	}
+	return "all ranges owned by unreachable peers - use 'weft rmpeer' if they are gone"
+}
+
+// reachable reports whether the mesh sees peer alive (or only suspected).
+func (r *Router) reachable(peer string) bool {
+	if peer == r.name {
+		return true
+	}
+	if r.mesh == nil {
+		return false
+	}
+	p, ok := r.mesh.Peer(mesh.PeerName(peer))
+	return ok && (p.State == mesh.StateAlive || p.State == mesh.StateSuspect)
+}
+
+func (r *Router) nickname(peer string) string {
+	if peer == r.name {
+		return r.cfg.Nickname
+	}
+	if r.mesh != nil {
+		if p, ok := r.mesh.Peer(mesh.PeerName(peer)); ok {
+			return p.Nickname
+		}
+	}
+	return ""
 }
 
 // WriteStatus writes the weave-like text of GET /status.

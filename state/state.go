@@ -73,6 +73,10 @@ func (d *DB) Update(bucket string, fn func(*bolt.Bucket) error) error {
 	})
 }
 
+// Batch runs fn in one read-write transaction over any buckets: all of its
+// writes are on disk together when Batch returns nil, or none are.
+func (d *DB) Batch(fn func(tx *bolt.Tx) error) error { return d.bolt.Update(fn) }
+
 // View runs fn in a read-only transaction on bucket; a missing bucket is
 // passed as nil.
 func (d *DB) View(bucket string, fn func(*bolt.Bucket) error) error {

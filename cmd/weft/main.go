@@ -12,6 +12,7 @@ var commands = map[string]func(args []string) error{
 	"status":  cmdStatus,
 	"version": cmdVersion,
 	"demo":    cmdDemo,
+	"rmpeer":  cmdRmpeer,
 }
 
 const usage = `usage: weft <command> [flags]
@@ -19,6 +20,7 @@ const usage = `usage: weft <command> [flags]
 commands:
   router    run the weft peer of this node (the daemon)
   status    show a router's status: weft status [ipam|peers|connections|report]
+  rmpeer    take over the ranges of a peer that is gone for good: weft rmpeer NAME
   demo      build a local cluster in network namespaces and show it working
   version   print the version
 

@@ -1,0 +1,174 @@
+package router
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/weft-net/weft/ipalloc"
+	"github.com/weft-net/weft/mesh"
+)
+
+// IPAMChannel is the mesh channel the allocators talk on.
+const IPAMChannel = "ipam"
+
+// openIPAM loads the allocator with the first-claim mode of --ipalloc-init.
+// consensus without =N expects the peers of --peers (other than this node)
+// plus this one; with no --peers that is a lone peer, which claims at once.
+func (r *Router) openIPAM() error {
+	var init ipalloc.Init
+	switch r.cfg.Init.Kind {
+	case "consensus":
+		init.Consensus = r.cfg.Init.Quorum
+		if init.Consensus == 0 {
+			init.Consensus = 1 + len(r.otherTargets())
+		}
+	case "seed":
+		for _, s := range r.cfg.Init.Seeds {
+			init.Seeds = append(init.Seeds, ipalloc.PeerName(s))
+		}
+	case "observer":
+		init.Observer = true
+	}
+	svc, err := ipalloc.NewService(ipalloc.ServiceConfig{
+		Self: ipalloc.PeerName(r.name), Universe: r.cfg.Universe, Init: init, DB: r.db, Log: r.log,
+	})
+	if err != nil {
+		return err
+	}
+	r.ipam = svc
+	r.log.Info("ipalloc: first claim", "init", r.cfg.Init.String(), "expected-peers", init.Consensus)
+	return nil
+}
+
+// otherTargets are the --peers entries that are not this node's own address.
+func (r *Router) otherTargets() []string {
+	host := r.net().host
+	var out []string
+	for _, p := range r.cfg.Peers {
+		h := p
+		if ap, err := netip.ParseAddrPort(p); err == nil {
+			h = ap.Addr().String()
+		} else if i := strings.LastIndexByte(p, ':'); i > 0 && !strings.Contains(p[:i], ":") {
+			h = p[:i]
+		}
+		if a, err := netip.ParseAddr(h); err == nil && a == host {
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// ipamGossiper carries the allocator's messages over the mesh. Full-state
+// exchanges (push-pull) carry no sender, so the state is framed with this
+// peer's name, which the core needs to refuse removed peers.
+type ipamGossiper struct{ r *Router }
+
+func (g ipamGossiper) OnBroadcast(from mesh.PeerName, data []byte) ([]byte, error) {
+	// The core re-broadcasts what changed through its Ready.
+	return nil, g.r.ipam.Step(ipalloc.PeerName(from), data)
+}
+
+func (g ipamGossiper) OnUnicast(from mesh.PeerName, data []byte) error {
+	return g.r.ipam.Step(ipalloc.PeerName(from), data)
+}
+
+func (g ipamGossiper) LocalState() []byte {
+	name := []byte(g.r.name)
+	b := binary.AppendUvarint(nil, uint64(len(name)))
+	b = append(b, name...)
+	return append(b, g.r.ipam.LocalState()...)
+}
+
+func (g ipamGossiper) MergeRemoteState(data []byte) error {
+	n, k := binary.Uvarint(data)
+	if k <= 0 || n == 0 || n > ipalloc.MaxPeerNameLen || uint64(len(data)-k) < n {
+		return errors.New("ipam state: bad sender frame")
+	}
+	from := ipalloc.PeerName(data[k : k+int(n)])
+	err := g.r.ipam.Step(from, data[k+int(n):])
+	if errors.Is(err, ipalloc.ErrRemovedPeer) {
+		return nil
+	}
+	return err
+}
+
+// meshTransport sends the allocator's messages on its channel.
+type meshTransport struct{ ch *mesh.Channel }
+
+func (t meshTransport) Broadcast(data []byte) error { return t.ch.Broadcast(data) }
+func (t meshTransport) SendTo(p ipalloc.PeerName, data []byte) error {
+	return t.ch.SendTo(mesh.PeerName(p), data)
+}
+
+// routineMembers tells the allocator about every peer the mesh sees join.
+func (r *Router) routineMembers(ctx context.Context) {
+	events, cancel := r.mesh.Subscribe(64)
+	defer cancel()
+	for _, p := range r.mesh.Peers() {
+		if !p.Self {
+			r.ipam.AddPeer(ipalloc.PeerName(p.Name))
+		}
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev, ok := <-events:
+			if !ok {
+				return
+			}
+			if ev.Kind == mesh.EventJoined || ev.Kind == mesh.EventRejoined || ev.Dropped > 0 {
+				for _, p := range r.mesh.Peers() {
+					if !p.Self {
+						r.ipam.AddPeer(ipalloc.PeerName(p.Name))
+					}
+				}
+			}
+		}
+	}
+}
+
+// resolvePeer turns an rmpeer argument (name or nickname) into a peer name.
+func (r *Router) resolvePeer(arg string) (ipalloc.PeerName, error) {
+	if r.mesh == nil {
+		return ipalloc.PeerName(arg), nil
+	}
+	var byNick []mesh.Peer
+	for _, p := range r.mesh.Peers() {
+		if string(p.Name) == arg {
+			return checkGone(p)
+		}
+		if p.Nickname == arg {
+			byNick = append(byNick, p)
+		}
+	}
+	switch len(byNick) {
+	case 1:
+		return checkGone(byNick[0])
+	case 0:
+		// Not in the view (forgotten, or never seen): the ring may still
+		// name it.
+		for _, s := range r.ipam.Snapshot().Ring.Shares() {
+			if string(s.Peer) == arg {
+				return s.Peer, nil
+			}
+		}
+		return "", fmt.Errorf("no peer is named or nicknamed %q (see weft status peers / ipam)", arg)
+	}
+	return "", fmt.Errorf("%d peers are nicknamed %q; give the peer name", len(byNick), arg)
+}
+
+func checkGone(p mesh.Peer) (ipalloc.PeerName, error) {
+	if p.Self {
+		return "", fmt.Errorf("%s is this peer; to take it out of the cluster use weft reset on it", p.Name)
+	}
+	if p.State == mesh.StateAlive || p.State == mesh.StateSuspect {
+		return "", fmt.Errorf("peer %s(%s) is alive; stop it first: rmpeer is for peers that are gone for good", p.Name, p.Nickname)
+	}
+	return ipalloc.PeerName(p.Name), nil
+}
