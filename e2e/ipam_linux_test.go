@@ -8,7 +8,6 @@ import (
 	"os"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/weft-net/weft/api"
 )
@@ -39,31 +38,8 @@ func ipamOf(ctx context.Context, n *Node) (ipamReport, error) {
 // a node killed and removed with weft rmpeer has its ranges taken over; a
 // node restarted keeps every allocation.
 func TestIPAMThreeNodes(t *testing.T) {
-	if testing.Short() {
-		t.Skip("e2e: skipped in -short mode")
-	}
-	run := NewTestRun(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	c, err := run.NewCluster(ctx, ClusterOpts{Nodes: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var all []string
-	for _, n := range c.Nodes {
-		all = append(all, n.UnderlayIP.String())
-	}
 	const universe = "10.32.0.0/26" // 64 addresses: about 21 each
-	for _, n := range c.Nodes {
-		if _, err := n.StartRouter("--peers", strings.Join(all, ","), "--ipalloc-init", "consensus=3", "--ipalloc-range", universe); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, n := range c.Nodes {
-		if err := n.WaitReady(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	c, ctx := startMeshCluster(t, 3, "--ipalloc-init", "consensus=3", "--ipalloc-range", universe)
 	// About a third each, the same ring everywhere.
 	waitUntil(t, ctx, "three owners of about a third each in every view", func() (bool, string) {
 		var seen []string

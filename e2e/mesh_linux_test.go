@@ -68,32 +68,7 @@ func waitUntil(t *testing.T, ctx context.Context, what string, cond func() (bool
 // unreachable and rejoins under the same name when restarted; a partition
 // of the underlay heals by itself.
 func TestMeshThreeNodes(t *testing.T) {
-	if testing.Short() {
-		t.Skip("e2e: skipped in -short mode")
-	}
-	run := NewTestRun(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	c, err := run.NewCluster(ctx, ClusterOpts{Nodes: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var all []string
-	for _, n := range c.Nodes {
-		all = append(all, n.UnderlayIP.String())
-	}
-	for _, n := range c.Nodes {
-		// Every router is given every address, its own included, as a
-		// DaemonSet's peer list would be.
-		if _, err := n.StartRouter("--peers", strings.Join(all, ",")); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, n := range c.Nodes {
-		if err := n.WaitReady(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	c, ctx := startMeshCluster(t, 3)
 	names := map[string]bool{}
 	for _, n := range c.Nodes {
 		names[n.PeerName] = true
