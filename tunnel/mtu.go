@@ -1,8 +1,6 @@
-// Package tunnel carries pod traffic between nodes: routes to the ranges that
-// other peers own and the encapsulation drivers (udp over a TUN device, ipip).
-//
 // This file holds what the rest of weft needs before any packet moves: the
 // encapsulation modes and their overhead, from which the pod MTU is derived.
+
 package tunnel
 
 import (

@@ -1,0 +1,524 @@
+package tunnel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/weft-net/weft/tunnel/conn"
+	"github.com/weft-net/weft/tunnel/tun"
+)
+
+// Defaults of Config.
+const (
+	DefaultTUNName  = "weft-tun"
+	DefaultIPIPName = "weft-ipip"
+	DefaultDataPort = 6784
+	maxQueues       = 4
+)
+
+// Config configures a Device.
+type Config struct {
+	Self string // this peer's name
+	Mode Mode   // --encap: udp, ipip or auto
+
+	TUNName  string // the TUN device; DefaultTUNName if empty
+	IPIPName string // the kernel IPIP device; DefaultIPIPName if empty
+	// MTU is the TUN device's MTU: the pod MTU, from PodMTU.
+	MTU int
+	// UnderlayMTU is the underlay interface's MTU; a packet bigger than
+	// it allows after the encapsulation's overhead is answered with an
+	// ICMP "fragmentation needed". Zero means MTU + Overhead(Mode).
+	UnderlayMTU int
+	// Underlay is this node's underlay address: the local end of the
+	// kernel IPIP device. Kernel IPIP is not tried without it.
+	Underlay netip.Addr
+	// Listen is where the udp data socket listens; 0.0.0.0:DefaultDataPort
+	// if invalid.
+	Listen netip.AddrPort
+	// Queues is the number of TUN queues (IFF_MULTI_QUEUE when above
+	// one); zero means one per CPU, at most 4.
+	Queues int
+	// NoOffload turns off TCP segmentation offload on the TUN device and
+	// UDP GSO/GRO on the socket (for a kernel or NIC that mishandles
+	// them): every packet then crosses the kernel on its own, several
+	// times slower.
+	NoOffload bool
+
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer // nil registers nothing
+
+	// The seams at the kernel. If TUN is nil, New opens the kernel's
+	// devices and sockets in the calling thread's network namespace
+	// (Linux only). If TUN is set, New opens nothing: a nil UDP or IPIP
+	// means that mode is not available, and a nil Routing that kernel
+	// routes are not touched.
+	TUN     tun.Device
+	UDP     conn.Bind
+	IPIP    conn.Bind // userspace IPIP (a raw socket of protocol 4)
+	Routing RouteApplier
+}
+
+// RouteApplier makes the kernel's routes into the tunnel the wanted ones.
+type RouteApplier interface {
+	// Apply adds, replaces and removes routes on the tunnel devices so
+	// that they are exactly want, and returns what it changed.
+	Apply(want []Route) (added, removed []Route, err error)
+	Close() error
+}
+
+// Device is one node's data plane: the TUN device, the underlay sockets
+// and the goroutines that move packets between them.
+//
+// Run starts the goroutines; Close (or the end of Run's context) closes
+// the TUN device and the sockets, which ends every goroutine, then the
+// route applier. The kernel IPIP device, where there is one, is left in
+// place, so that its traffic keeps flowing while the router restarts.
+type Device struct {
+	cfg     Config
+	log     *slog.Logger
+	metrics *metrics
+	tun     tun.Device
+	binds   [numWireModes]conn.Bind // nil where the mode has no userspace socket
+	kernel  bool                    // ipip is kernel IPIP (no userspace socket)
+	local   []Mode                  // what this node can do, fastest first
+	routing RouteApplier
+
+	maxInner [numWireModes]int // largest inner packet per mode
+	bufSize  int               // receive buffers: the largest datagram we accept
+	counter  atomic.Uint64     // frame counter (the future nonce)
+
+	snap atomic.Pointer[snapshot] // what the packet path reads
+
+	mu     sync.Mutex // guards the fields below and serialises updates of snap
+	peers  []Peer
+	ranges []OwnedRange
+	src    netip.Addr
+	ringOK bool // SetRing was called
+
+	closeOnce sync.Once
+	closeErr  error
+	closed    chan struct{}
+	running   atomic.Bool
+}
+
+// snapshot is an immutable view of the ring and the peers for the packet
+// path: one atomic load per batch, no locks.
+type snapshot struct {
+	routes *Table
+	peers  map[string]*peerPath
+	byAddr map[netip.Addr]string
+}
+
+// peerPath is how packets reach one peer.
+type peerPath struct {
+	Peer
+	mode   Mode  // what auto picked (or the configured mode); "" if none
+	err    error // why there is no mode
+	tunIdx int   // wire mode for packets that reach the TUN device, -1 if none
+	dst    [numWireModes]netip.AddrPort
+}
+
+// New sets a Device up; Run starts it.
+func New(cfg Config) (*Device, error) {
+	if cfg.Self == "" {
+		return nil, errors.New("tunnel: Self (this peer's name) is empty")
+	}
+	switch cfg.Mode {
+	case ModeUDP, ModeIPIP, ModeAuto:
+	default:
+		return nil, fmt.Errorf("unknown --encap %q: use one of udp, ipip, auto", cfg.Mode)
+	}
+	if cfg.TUNName == "" {
+		cfg.TUNName = DefaultTUNName
+	}
+	if cfg.IPIPName == "" {
+		cfg.IPIPName = DefaultIPIPName
+	}
+	if cfg.MTU < MinMTU || cfg.MTU > 65535 {
+		return nil, fmt.Errorf("tunnel MTU %d out of range %d..65535", cfg.MTU, MinMTU)
+	}
+	if cfg.UnderlayMTU == 0 {
+		cfg.UnderlayMTU = cfg.MTU + Overhead(cfg.Mode)
+	}
+	if !cfg.Listen.IsValid() {
+		cfg.Listen = netip.AddrPortFrom(netip.IPv4Unspecified(), DefaultDataPort)
+	}
+	if cfg.Queues == 0 {
+		cfg.Queues = min(runtime.NumCPU(), maxQueues)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	d := &Device{cfg: cfg, log: cfg.Logger, closed: make(chan struct{})}
+	// The largest datagram accepted: what fits the underlay, or a frame
+	// of a full TUN packet (sent fragmented when it does not fit).
+	d.bufSize = max(cfg.UnderlayMTU, cfg.MTU+FrameHeaderLen+AEADTagLen)
+	if cfg.TUN != nil {
+		d.bufSize = max(d.bufSize, cfg.TUN.MTU()+FrameHeaderLen+AEADTagLen)
+	}
+	met, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("registering tunnel metrics: %w", err)
+	}
+	d.metrics = met
+	if cfg.TUN == nil {
+		if err := d.openKernel(); err != nil {
+			d.metrics.unregister(cfg.Registerer)
+			return nil, err
+		}
+	} else {
+		d.tun, d.routing = cfg.TUN, cfg.Routing
+		d.binds[idxUDP], d.binds[idxIPIP] = cfg.UDP, cfg.IPIP
+	}
+	d.local = d.capabilities()
+	if cfg.Mode != ModeAuto && !slices.Contains(d.local, cfg.Mode) {
+		d.Close()
+		alt := "udp"
+		if cfg.Mode == ModeUDP {
+			alt = "ipip"
+		}
+		return nil, fmt.Errorf("this node cannot do --encap %s: use --encap %s or auto", cfg.Mode, alt)
+	}
+	if len(d.local) == 0 {
+		d.Close()
+		return nil, errors.New("this node can do no encapsulation: neither the udp socket nor IPIP is available")
+	}
+	for i, m := range wireModes {
+		d.maxInner[i] = cfg.UnderlayMTU - overheads[m]
+	}
+	d.snap.Store(&snapshot{peers: map[string]*peerPath{}, byAddr: map[netip.Addr]string{}})
+	d.log.Info("tunnel ready", "device", d.tun.Name(), "mode", cfg.Mode, "can", modeList(d.local),
+		"kernel-ipip", d.kernel, "mtu", cfg.MTU, "underlay-mtu", cfg.UnderlayMTU, "queues", len(d.tun.Queues()),
+		"offloads", d.offloads())
+	return d, nil
+}
+
+// offloads names the offloads in use, for the log.
+func (d *Device) offloads() string {
+	var on []string
+	if o, ok := d.tun.(interface{ Offload() bool }); ok && o.Offload() {
+		on = append(on, "tun-tso")
+	}
+	if o, ok := d.binds[idxUDP].(interface{ Offload() (bool, bool) }); ok {
+		if gso, gro := o.Offload(); gso || gro {
+			on = append(on, "udp-gso/gro")
+		}
+	}
+	if len(on) == 0 {
+		return "none"
+	}
+	return strings.Join(on, ",")
+}
+
+// capabilities lists the modes this node can use, fastest first: kernel
+// IPIP beats everything; between the userspace paths, udp measured
+// faster than userspace IPIP (docs/benchmarks.md) and keeps checksums.
+func (d *Device) capabilities() []Mode {
+	var out []Mode
+	if d.kernel {
+		out = append(out, ModeIPIP)
+	}
+	if d.binds[idxUDP] != nil {
+		out = append(out, ModeUDP)
+	}
+	if !d.kernel && d.binds[idxIPIP] != nil {
+		out = append(out, ModeIPIP)
+	}
+	return out
+}
+
+// Encaps is what this node advertises to its peers: with auto, every mode
+// it can do, fastest first; otherwise the configured mode.
+func (d *Device) Encaps() []Mode {
+	if d.cfg.Mode != ModeAuto {
+		return []Mode{d.cfg.Mode}
+	}
+	return slices.Clone(d.local)
+}
+
+// KernelIPIP reports whether ipip traffic goes through the kernel's IPIP
+// device rather than the userspace path.
+func (d *Device) KernelIPIP() bool { return d.kernel }
+
+// ModeFor is the mode this node sends to peer with ("" when the peer is
+// unknown or has no mode in common with this node).
+func (d *Device) ModeFor(peer string) Mode {
+	if p := d.snap.Load().peers[peer]; p != nil {
+		return p.mode
+	}
+	return ""
+}
+
+// Connection is one peer's data path, for status.
+type Connection struct {
+	Peer       string         `json:"peer"`
+	Address    netip.AddrPort `json:"address"` // where its data goes (port 0 for ipip)
+	Mode       Mode           `json:"mode,omitempty"`
+	Kernel     bool           `json:"kernel,omitempty"` // through kernel IPIP
+	Advertised []Mode         `json:"advertised,omitempty"`
+	Error      string         `json:"error,omitempty"`
+}
+
+// Connections lists every peer's data path, sorted by name.
+func (d *Device) Connections() []Connection {
+	s := d.snap.Load()
+	out := make([]Connection, 0, len(s.peers))
+	for _, p := range s.peers {
+		c := Connection{Peer: p.Name, Mode: p.mode, Advertised: p.Encaps, Kernel: p.mode == ModeIPIP && d.kernel}
+		if p.mode != "" {
+			c.Address = p.dst[modeIndex(p.mode)]
+		}
+		if p.err != nil {
+			c.Error = p.err.Error()
+		}
+		out = append(out, c)
+	}
+	slices.SortFunc(out, func(a, b Connection) int { return strings.Compare(a.Peer, b.Peer) })
+	return out
+}
+
+// SetPeers replaces the peers this node knows (the mesh's view; this node
+// itself, if in the list, is ignored), picks a mode for each and logs
+// every change of mode. Routes are re-applied when a peer moved between
+// the kernel IPIP device and the TUN device.
+func (d *Device) SetPeers(peers []Peer) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	old := d.snap.Load()
+	d.peers = slices.Clone(peers)
+	next := d.buildLocked(old.routes)
+	for name, p := range next.peers {
+		o := old.peers[name]
+		switch {
+		case o == nil || o.mode != p.mode:
+			if p.mode == "" {
+				d.log.Warn(fmt.Sprintf("peer %s: no encapsulation in common; its traffic is dropped", name), "peer", name, "err", p.err)
+			} else {
+				d.log.Info(fmt.Sprintf("peer %s: sending with %s", name, p.mode), "peer", name, "mode", p.mode, "address", p.dst[modeIndex(p.mode)], "kernel", p.mode == ModeIPIP && d.kernel)
+			}
+		case o.Underlay != p.Underlay || o.DataPort != p.DataPort:
+			d.log.Info(fmt.Sprintf("peer %s moved to %s", name, p.dst[modeIndex(p.mode)]), "peer", name)
+		}
+		d.setPeerModeMetricLocked(name, o, p)
+	}
+	for name, o := range old.peers {
+		if next.peers[name] == nil {
+			d.metrics.peerMode.DeleteLabelValues(name, metricMode(o.mode))
+		}
+	}
+	d.snap.Store(next)
+	if d.kernel && d.ringOK && routeTargetsDiffer(old, next) {
+		return d.applyRoutesLocked()
+	}
+	return nil
+}
+
+func metricMode(m Mode) string {
+	if m == "" {
+		return "none"
+	}
+	return string(m)
+}
+
+func (d *Device) setPeerModeMetricLocked(name string, o, p *peerPath) {
+	if o != nil && o.mode != p.mode {
+		d.metrics.peerMode.DeleteLabelValues(name, metricMode(o.mode))
+	}
+	d.metrics.peerMode.WithLabelValues(name, metricMode(p.mode)).Set(1)
+}
+
+// routeTargetsDiffer reports whether some peer's kernel route would change.
+func routeTargetsDiffer(a, b *snapshot) bool {
+	for name, p := range b.peers {
+		o := a.peers[name]
+		if o == nil || o.mode != p.mode || o.Underlay != p.Underlay {
+			return true
+		}
+	}
+	return len(a.peers) != len(b.peers)
+}
+
+// buildLocked makes the snapshot for the current peers and routes.
+func (d *Device) buildLocked(routes *Table) *snapshot {
+	s := &snapshot{routes: routes, peers: map[string]*peerPath{}, byAddr: map[netip.Addr]string{}}
+	for _, p := range d.peers {
+		if p.Name == d.cfg.Self || p.Name == "" {
+			continue
+		}
+		pp := &peerPath{Peer: p, tunIdx: -1}
+		pp.Encaps = slices.Clone(p.Encaps)
+		port := p.DataPort
+		if port == 0 {
+			port = DefaultDataPort
+		}
+		pp.dst[idxUDP] = netip.AddrPortFrom(p.Underlay, port)
+		pp.dst[idxIPIP] = netip.AddrPortFrom(p.Underlay, 0)
+		switch {
+		case !p.Underlay.Is4():
+			pp.err = fmt.Errorf("peer %s has no IPv4 underlay address (%v)", p.Name, p.Underlay)
+		default:
+			pp.mode, pp.err = ChooseMode(d.cfg.Mode, d.local, p.Encaps)
+		}
+		if pp.mode != "" {
+			pp.tunIdx = modeIndex(pp.mode)
+			if pp.mode == ModeIPIP && d.kernel {
+				// Its routes go to the kernel IPIP device; a packet that
+				// still reaches the TUN device (a route being changed)
+				// goes by udp if the peer has it.
+				pp.tunIdx = -1
+				if d.binds[idxUDP] != nil && (len(p.Encaps) == 0 || slices.Contains(p.Encaps, ModeUDP)) {
+					pp.tunIdx = idxUDP
+				}
+			}
+		}
+		s.peers[p.Name] = pp
+		if p.Underlay.IsValid() {
+			s.byAddr[p.Underlay] = p.Name
+		}
+	}
+	return s
+}
+
+// SetRing hands the tunnel the ring as it is now: the ranges and their
+// owners (this peer's among them) and the bridge address, the source of
+// the routes. Packets are forwarded by it from now on, and the kernel
+// routes of the ranges other peers own are reconciled: added, moved and
+// withdrawn (and, on the first call, stale routes from an earlier run
+// removed).
+func (d *Device) SetRing(ranges []OwnedRange, src netip.Addr) error {
+	t, err := NewTable(ranges)
+	if err != nil {
+		return fmt.Errorf("tunnel: %w", err)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.ranges, d.src, d.ringOK = t.Ranges(), src, true
+	next := *d.snap.Load()
+	next.routes = t
+	d.snap.Store(&next)
+	return d.applyRoutesLocked()
+}
+
+// WantedRoutes is the kernel routes the current ring and peers call for.
+func (d *Device) WantedRoutes() []Route {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.wantLocked()
+}
+
+func (d *Device) wantLocked() []Route {
+	s := d.snap.Load()
+	return WantRoutes(d.ranges, d.cfg.Self, d.src, func(peer string) (string, netip.Addr) {
+		if p := s.peers[peer]; p != nil && p.mode == ModeIPIP && d.kernel {
+			return d.cfg.IPIPName, p.Underlay
+		}
+		return d.tun.Name(), netip.Addr{}
+	})
+}
+
+func (d *Device) applyRoutesLocked() error {
+	if d.routing == nil {
+		return nil
+	}
+	added, removed, err := d.routing.Apply(d.wantLocked())
+	for _, r := range added {
+		d.log.Info("route added", "route", r.String())
+	}
+	for _, r := range removed {
+		d.log.Info("route removed", "route", r.String())
+	}
+	if err != nil {
+		return fmt.Errorf("reconciling tunnel routes: %w", err)
+	}
+	return nil
+}
+
+// Run moves packets until ctx ends or a device or socket fails, then
+// closes the Device. It returns nil when ctx ended or Close was called.
+func (d *Device) Run(ctx context.Context) error {
+	if !d.running.CompareAndSwap(false, true) {
+		return errors.New("tunnel: Run called twice")
+	}
+	select {
+	case <-d.closed:
+		return nil
+	default:
+	}
+	var wg sync.WaitGroup
+	errc := make(chan error, 1+len(d.tun.Queues())+numWireModes)
+	queues := d.tun.Queues()
+	for _, q := range queues {
+		wg.Go(func() { errc <- d.routineReadTUN(q) })
+	}
+	r := 0
+	for i, b := range d.binds {
+		if b == nil {
+			continue
+		}
+		q := queues[r%len(queues)]
+		r++
+		wg.Go(func() { errc <- d.routineRecv(i, b, q) })
+	}
+	var err error
+	select {
+	case <-ctx.Done():
+	case <-d.closed:
+	case err = <-errc:
+	}
+	cerr := d.Close()
+	wg.Wait()
+	if err != nil {
+		return err
+	}
+	return cerr
+}
+
+// Close closes the TUN device and the sockets, which ends the goroutines
+// of Run, then the route applier, and unregisters the metrics. It is safe
+// to call more than once.
+func (d *Device) Close() error {
+	d.closeOnce.Do(func() {
+		close(d.closed)
+		var errs []error
+		if d.tun != nil {
+			errs = append(errs, d.tun.Close())
+		}
+		for _, b := range d.binds {
+			if b != nil {
+				errs = append(errs, b.Close())
+			}
+		}
+		if d.routing != nil {
+			errs = append(errs, d.routing.Close())
+		}
+		if d.cfg.Registerer != nil {
+			d.metrics.unregister(d.cfg.Registerer)
+		}
+		d.closeErr = errors.Join(errs...)
+	})
+	return d.closeErr
+}
+
+// isClosed maps the errors of a closed device or socket to nil: the end of
+// a routine that Close asked for.
+func (d *Device) endErr(what string, err error) error {
+	select {
+	case <-d.closed:
+		return nil
+	default:
+	}
+	if errors.Is(err, tun.ErrClosed) || errors.Is(err, conn.ErrClosed) {
+		return nil
+	}
+	return fmt.Errorf("tunnel %s: %w", what, err)
+}

@@ -1,0 +1,59 @@
+// Package tunnel carries pod traffic between nodes: the kernel routes to
+// the ranges that other peers own, and the encapsulation drivers that move
+// packets between a TUN device and the underlay.
+//
+// # Data path
+//
+// The node's routing table sends every range owned by another peer to the
+// TUN device "weft-tun" (routes with src = the bridge address). A Device
+// reads those packets in batches, looks up the owner of each destination
+// in the ring (SetRing) and the owner's underlay address (SetPeers), wraps
+// the packet for the mode used with that owner and sends it. The receiver
+// checks the frame and its sender, writes packets for its own ranges into
+// its TUN device (the kernel delivers them to the bridge), and forwards a
+// packet for a range that has moved on once more to the current owner,
+// marked so that it is never forwarded twice. Anything malformed, from an
+// address that is no peer, or without a route is dropped and counted by
+// reason (weft_tunnel_dropped_packets_total), never forwarded.
+//
+// # Modes
+//
+// udp: a 16-byte versioned header (frame.go) in front of the inner packet,
+// over UDP to the owner's data port. ipip: IP protocol 4, through the
+// kernel's IPIP device where the kernel has the ipip link type (routes
+// "via <owner> dev weft-ipip onlink", as Calico does), else in userspace
+// over the TUN device and a raw socket. auto: per peer, the first mode of
+// this node's list (fastest first: kernel IPIP, udp, userspace IPIP) that
+// the peer advertises; the choice is logged, shown by Connections and
+// exported as weft_tunnel_peer_mode.
+//
+// # Speed
+//
+// The TUN device is opened with TCP segmentation offload: the kernel hands
+// over 64 KiB TCP super-packets, which the device cuts into pod-MTU
+// packets, and runs of segments of one flow are joined again before they
+// are written back (tun/offload.go). The UDP socket sends each run as one
+// GSO send and receives GRO buffers; every system call moves a batch
+// (recvmmsg, sendmmsg). Buffers are reused: nothing is allocated per packet
+// but the source address that x/net's recvmmsg makes per datagram (per GRO
+// buffer). See docs/benchmarks.md, "Data plane".
+//
+// # Seams
+//
+// The kernel sits behind two small interfaces, tun.Device and conn.Bind,
+// with channel fakes in tun/tuntest and conn/bindtest, so that devices can
+// exchange packets in tests without root (as wireguard-go does).
+//
+// # Wiring (the router)
+//
+//	dev, err := tunnel.New(tunnel.Config{
+//		Self: name, Mode: encap, MTU: podMTU, UnderlayMTU: underlayMTU,
+//		Underlay: host, Listen: netip.AddrPortFrom(netip.IPv4Unspecified(), dataPort),
+//		Logger: log, Registerer: reg,
+//	})
+//	// advertise dev.Encaps() in the mesh metadata, then:
+//	go dev.Run(ctx)
+//	dev.SetPeers(peers)           // on every change of the mesh's peers
+//	dev.SetRing(ranges, bridgeIP) // on every change of the ring, once the bridge has its address
+//	dev.Connections()             // for `weft status connections`
+package tunnel

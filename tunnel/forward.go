@@ -1,0 +1,250 @@
+package tunnel
+
+import (
+	"errors"
+
+	"github.com/weft-net/weft/tunnel/conn"
+	"github.com/weft-net/weft/tunnel/tun"
+)
+
+// The packet path. Each goroutine owns its buffers and reuses them for
+// every batch: a packet is read into a buffer at FrameHeaderLen, so that
+// the udp header is written in place in front of it, and sent from
+// there; nothing is allocated per packet.
+
+// routineReadTUN reads packets that the kernel routed into TUN queue q
+// and sends each to the owner of its destination.
+func (d *Device) routineReadTUN(q tun.Queue) error {
+	bs := d.tun.BatchSize()
+	size := FrameHeaderLen + max(d.tun.MTU(), d.cfg.MTU) + AEADTagLen
+	slab := make([]byte, bs*size)
+	bufs := make([][]byte, bs)
+	for i := range bufs {
+		bufs[i] = slab[i*size : (i+1)*size : (i+1)*size]
+	}
+	sizes := make([]int, bs)
+	var out [numWireModes][]conn.Message
+	for i := range out {
+		out[i] = make([]conn.Message, 0, bs)
+	}
+	const icmpSize = FrameHeaderLen + maxFragNeededLen // written at FrameHeaderLen, like every packet
+	icmpSlab := make([]byte, bs*icmpSize)
+	icmp := make([][]byte, 0, bs)
+	var t tally
+	for {
+		n, err := q.Read(bufs, sizes, FrameHeaderLen)
+		if n == 0 && err != nil {
+			return d.endErr("reading "+d.tun.Name(), err)
+		}
+		s := d.snap.Load()
+		for i := range out {
+			out[i] = out[i][:0]
+		}
+		icmp = icmp[:0]
+		for i := range n {
+			pkt, r := ipv4Check(bufs[i][FrameHeaderLen : FrameHeaderLen+sizes[i]])
+			if r != dropNone {
+				t.drop[r]++
+				continue
+			}
+			owner, ok := s.routes.Owner(ipv4Dst(pkt))
+			switch {
+			case !ok:
+				t.drop[dropNoRoute]++
+				continue
+			case owner == d.cfg.Self:
+				t.drop[dropLocal]++
+				continue
+			}
+			p := s.peers[owner]
+			switch {
+			case p == nil:
+				t.drop[dropNoPeer]++
+				continue
+			case p.tunIdx < 0:
+				t.drop[dropIncompatible]++
+				continue
+			}
+			mi := p.tunIdx
+			if len(pkt) > d.maxInner[mi] && ipv4DF(pkt) {
+				t.drop[dropTooBig]++
+				if len(icmp) < cap(icmp) {
+					b := icmpSlab[len(icmp)*icmpSize:][:icmpSize]
+					// From the packet's destination, as if from a router on
+					// the path: the kernel drops a packet from the TUN
+					// device whose source is one of its own addresses
+					// (such as the bridge's), and accepts this one, whose
+					// reverse path is the TUN device itself.
+					icmp = append(icmp, b[:FrameHeaderLen+fragNeeded(b[FrameHeaderLen:], pkt, ipv4Dst(pkt), d.maxInner[mi])])
+					t.icmp++
+				}
+				continue
+			}
+			out[mi] = append(out[mi], d.encap(mi, bufs[i], pkt, p, false))
+		}
+		d.send(out[:], dirOut, &t)
+		if len(icmp) > 0 {
+			if _, err := q.Write(icmp, FrameHeaderLen); err != nil {
+				if e := d.tunWriteErr(err, &t); e != nil {
+					return e
+				}
+			}
+		}
+		d.metrics.flush(&t)
+		if err != nil {
+			return d.endErr("reading "+d.tun.Name(), err)
+		}
+	}
+}
+
+// encap wraps the inner packet pkt, which sits in buf at the offset the
+// frame header needs in front of it, for mode mi to peer p. For udp the
+// counter is filled in by send.
+func (d *Device) encap(mi int, buf, pkt []byte, p *peerPath, forwarded bool) conn.Message {
+	if mi == idxIPIP {
+		return conn.Message{Data: pkt, Addr: p.dst[idxIPIP], Mark: forwarded}
+	}
+	start := cap(buf) - cap(pkt) - FrameHeaderLen
+	var flags FrameFlags
+	if forwarded {
+		flags = FlagForwarded
+	}
+	frame := buf[start : start+FrameHeaderLen+len(pkt)]
+	PutFrameHeader(frame, FrameHeader{Version: FrameVersion, Type: FrameData, Flags: flags})
+	return conn.Message{Data: frame, Addr: p.dst[idxUDP]}
+}
+
+// send numbers the udp frames and sends every batch on its socket,
+// counting what went out in direction dir and what the socket refused.
+func (d *Device) send(out [][]conn.Message, dir int, t *tally) {
+	for mi, msgs := range out {
+		if len(msgs) == 0 {
+			continue
+		}
+		overhead := 0
+		if mi == idxUDP {
+			overhead = FrameHeaderLen
+			next := d.counter.Add(uint64(len(msgs))) - uint64(len(msgs))
+			for i := range msgs {
+				next++
+				putCounter(msgs[i].Data, next)
+			}
+		}
+		n, err := d.binds[mi].Send(msgs)
+		for _, m := range msgs[:n] {
+			t.count(dir, mi, len(m.Data)-overhead)
+		}
+		if err != nil {
+			t.drop[dropSendError] += uint64(len(msgs) - n)
+			d.log.Debug("underlay send failed", "mode", wireModes[mi], "err", err)
+		}
+	}
+}
+
+// routineRecv reads encapsulated packets from the socket of mode mi and
+// writes those for this node into TUN queue q; those for a range that
+// has moved on are forwarded once more.
+func (d *Device) routineRecv(mi int, b conn.Bind, q tun.Queue) error {
+	bs := b.BatchSize()
+	msgs := make([]conn.Message, bs) // the bind's memory, until the next Recv
+	toTUN := make([][]byte, 0, bs)
+	var fwd [numWireModes][]conn.Message
+	for i := range fwd {
+		fwd[i] = make([]conn.Message, 0, bs)
+	}
+	var t tally
+	for {
+		n, err := b.Recv(msgs)
+		if n == 0 && err != nil {
+			return d.endErr("receiving "+string(wireModes[mi]), err)
+		}
+		s := d.snap.Load()
+		toTUN = toTUN[:0]
+		for i := range fwd {
+			fwd[i] = fwd[i][:0]
+		}
+		for i := range n {
+			m := &msgs[i]
+			if _, ok := s.byAddr[m.Addr.Addr()]; !ok {
+				t.drop[dropUnknownPeer]++
+				continue
+			}
+			var inner []byte
+			var forwarded bool
+			var r dropReason
+			if mi == idxUDP {
+				var h FrameHeader
+				h, inner, r = decodeFrame(m.Data)
+				forwarded = h.Flags&FlagForwarded != 0
+			} else {
+				inner, r = ipv4Check(m.Data)
+				forwarded = m.Mark
+			}
+			if r != dropNone {
+				t.drop[r]++
+				continue
+			}
+			start := cap(m.Buf) - cap(inner) // where inner starts in Buf
+			if start < FrameHeaderLen || start > len(m.Buf) {
+				// No room in front of the packet for a header: the
+				// binds always leave it (the frame header, the outer IP
+				// header, conn.Headroom).
+				t.drop[dropMalformed]++
+				continue
+			}
+			owner, ok := s.routes.Owner(ipv4Dst(inner))
+			switch {
+			case !ok:
+				t.drop[dropNoRoute]++
+				continue
+			case owner == d.cfg.Self:
+				toTUN = append(toTUN, m.Buf[start-FrameHeaderLen:start+len(inner)])
+				t.count(dirIn, mi, len(inner))
+				continue
+			case forwarded:
+				t.drop[dropForwardLoop]++
+				continue
+			}
+			// The range has moved on (a donation the sender has not heard
+			// of): forward once more, marked, as a router would: TTL down.
+			p := s.peers[owner]
+			switch {
+			case p == nil:
+				t.drop[dropNoPeer]++
+				continue
+			case p.tunIdx < 0:
+				t.drop[dropIncompatible]++
+				continue
+			case !decTTL(inner):
+				t.drop[dropTTL]++
+				continue
+			}
+			fi := p.tunIdx
+			fwd[fi] = append(fwd[fi], d.encap(fi, m.Buf, inner, p, true))
+		}
+		if len(toTUN) > 0 {
+			if _, err := q.Write(toTUN, FrameHeaderLen); err != nil {
+				if e := d.tunWriteErr(err, &t); e != nil {
+					return e
+				}
+			}
+		}
+		d.send(fwd[:], dirForward, &t)
+		d.metrics.flush(&t)
+		if err != nil {
+			return d.endErr("receiving "+string(wireModes[mi]), err)
+		}
+	}
+}
+
+// tunWriteErr counts the packets the kernel refused; any other error ends
+// the routine.
+func (d *Device) tunWriteErr(err error, t *tally) error {
+	var we *tun.WriteError
+	if errors.As(err, &we) {
+		t.drop[dropTUNError] += uint64(we.Failed)
+		d.log.Debug("tun write refused packets", "err", err)
+		return nil
+	}
+	return d.endErr("writing "+d.tun.Name(), err)
+}
