@@ -58,6 +58,7 @@ demo: deps build
 bench: deps build
 	$(GO) run ./e2e/cmd/cnibench -n 100
 	$(GO) run ./mesh/cmd/meshbench -n 10,50,100 -loss 0,0.1 -runs 5 -idle 30s
+	$(GO) run ./tunnel/cmd/tunnelbench
 	$(GO) test -run '^$$' -bench . -benchmem ./ipalloc/
 
 clean:
