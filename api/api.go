@@ -1,5 +1,5 @@
 // Package api is the local API between a weft router and the programs on its
-// node that change state: the CNI plugin, and later `weft rmpeer`. It is HTTP
+// node that change state: the CNI plugin, `weft rmpeer` and `weft reset`. It is HTTP
 // over a unix socket (mode 0600), so only root on the node can use it.
 //
 // This file holds the wire types and the validation both sides share; client.go
@@ -18,7 +18,31 @@ const (
 	PathGC     = "/v1/gc"     // POST: release everything not listed
 	PathReady  = "/v1/ready"  // GET: 200 when the peer can attach pods, 503 with a reason otherwise
 	PathRmpeer = "/v1/rmpeer" // POST: take over the ranges of a peer that is gone for good
+	PathReset  = "/v1/reset"  // POST: hand this peer's ranges to a live peer, tear the node's network down, exit
 )
+
+// QueryAddress is the optional query parameter of a release (DELETE
+// PathIP): the address the attachment had, from the plugin's prevResult.
+// When the router holds nothing for the attachment but holds that address
+// as re-claimed from its bridge after its state was lost, it frees it.
+const QueryAddress = "address"
+
+// ResetRequest asks the router to leave the cluster (weft reset).
+type ResetRequest struct {
+	// Force leaves even while pods on the node hold addresses; they may
+	// then be handed out again elsewhere.
+	Force bool `json:"force,omitempty"`
+}
+
+// ResetResponse says to which peer the ranges went. The router then
+// removes its bridge, nftables table, CNI config and state, and exits.
+type ResetResponse struct {
+	Heir         string `json:"heir,omitempty"` // empty when no other peer shared the ring
+	HeirNickname string `json:"heirNickname,omitempty"`
+	Addresses    uint64 `json:"addresses"` // handed to Heir
+	Dropped      int    `json:"dropped"`   // allocations dropped (pods, with force, and the gateway)
+	Message      string `json:"message"`
+}
 
 // RmpeerRequest names the peer to remove, by name or nickname.
 type RmpeerRequest struct {
@@ -147,6 +171,7 @@ const (
 	CodeNotReady  = "not-ready" // the peer cannot serve yet; try again later
 	CodeExhausted = "exhausted" // no free address in the space this peer owns or can get
 	CodeNotFound  = "not-found" // no allocation for that attachment
+	CodeConflict  = "conflict"  // refused in the router's present state (e.g. reset with pods); fix that and retry
 	CodeInternal  = "internal"
 )
 

@@ -143,6 +143,34 @@ func (c *Client) Rmpeer(ctx context.Context, peer string) (*RmpeerResponse, erro
 	return &r, nil
 }
 
+// ReleaseWithPrev is Release for a DEL that knows the address the
+// attachment had (the plugin's prevResult): if the router holds nothing for
+// the attachment but holds prev as re-claimed from its bridge (after its
+// state was lost), it frees prev.
+func (c *Client) ReleaseWithPrev(ctx context.Context, att Attachment, prev string) (*ReleaseResponse, error) {
+	var r ReleaseResponse
+	q := attQuery(att)
+	if prev != "" {
+		q.Set(QueryAddress, prev)
+	}
+	if err := c.do(ctx, http.MethodDelete, PathIP, q, nil, &r); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// Reset asks the router to leave the cluster (weft reset): it hands its
+// ranges to a live peer and waits until that peer has saved them, then
+// tears the node's network down and exits. It answers before the
+// teardown; the router's socket goes away when it is done.
+func (c *Client) Reset(ctx context.Context, force bool) (*ResetResponse, error) {
+	var r ResetResponse
+	if err := c.do(ctx, http.MethodPost, PathReset, nil, ResetRequest{Force: force}, &r); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
 func attQuery(a Attachment) url.Values {
 	return url.Values{"containerID": {a.ContainerID}, "ifName": {a.IfName}}
 }

@@ -39,11 +39,14 @@ const (
 	kindDenial
 	kindRemove
 	kindRemoveAck
+	kindHandover
+	kindHandoverAck
 	kindEnd // one past the last
 )
 
 // Msg is a message between the IPAM cores of two peers: one of *RingMsg,
-// *PaxosMsg, *DonateRequest, *Donation, *Denial, *Remove, *RemoveAck.
+// *PaxosMsg, *DonateRequest, *Donation, *Denial, *Remove, *RemoveAck,
+// *Handover, *HandoverAck.
 type Msg interface {
 	kind() msgKind
 }
@@ -76,12 +79,30 @@ type RemoveAck struct {
 	Ring *Ring
 }
 
+// Handover gives a peer every range of a peer that leaves the cluster
+// (weft reset): Ring is the leaving peer's ring, in which they now belong
+// to the addressee. ID ties the answer to it.
+type Handover struct {
+	ID   uint64
+	Ring *Ring
+}
+
+// HandoverAck answers a Handover once the addressee has saved it. From a
+// peer that has left itself, it names that peer's heir instead: hand the
+// ranges to Heir.
+type HandoverAck struct {
+	ID   uint64
+	Heir PeerName // empty: saved
+}
+
 func (*RingMsg) kind() msgKind       { return kindRing }
 func (*DonateRequest) kind() msgKind { return kindDonateRequest }
 func (*Donation) kind() msgKind      { return kindDonation }
 func (*Denial) kind() msgKind        { return kindDenial }
 func (*Remove) kind() msgKind        { return kindRemove }
 func (*RemoveAck) kind() msgKind     { return kindRemoveAck }
+func (*Handover) kind() msgKind      { return kindHandover }
+func (*HandoverAck) kind() msgKind   { return kindHandoverAck }
 
 // Limits of decoded data.
 const (
@@ -117,6 +138,16 @@ func EncodeMsg(m Msg) []byte {
 	case *RemoveAck:
 		b = appendName(b, m.Peer)
 		b = appendRing(b, m.Ring)
+	case *Handover:
+		b = binary.AppendUvarint(b, m.ID)
+		b = appendRing(b, m.Ring)
+	case *HandoverAck:
+		b = binary.AppendUvarint(b, m.ID)
+		if m.Heir == "" {
+			b = append(b, 0)
+		} else {
+			b = appendName(append(b, 1), m.Heir)
+		}
 	}
 	return b
 }
@@ -156,6 +187,19 @@ func DecodeMsg(data []byte) (Msg, error) {
 	case kindRemoveAck:
 		am := &RemoveAck{Peer: d.name()}
 		am.Ring = d.ring()
+		m = am
+	case kindHandover:
+		hm := &Handover{ID: d.uvarint()}
+		hm.Ring = d.ring()
+		m = hm
+	case kindHandoverAck:
+		am := &HandoverAck{ID: d.uvarint()}
+		switch f := d.fixed(1)[0]; {
+		case f == 1:
+			am.Heir = d.name()
+		case f != 0:
+			d.fail("handover ack: flag %d", f)
+		}
 		m = am
 	default:
 		return nil, fmt.Errorf("%w: unknown kind %d", ErrBadMessage, k)

@@ -36,6 +36,9 @@ func testMsgs(t testing.TB) []Msg {
 		&Denial{ID: 1},
 		&Remove{Peer: "node-c"},
 		&RemoveAck{Peer: "node-c", Ring: r},
+		&Handover{ID: 9, Ring: r},
+		&HandoverAck{ID: 9},
+		&HandoverAck{ID: 9, Heir: "node-b"},
 	}
 }
 

@@ -64,6 +64,41 @@ type Peer struct {
 	freeGossip   bool // gossip the ring at the next tick (free counts changed)
 	lastOwned    []Range
 	gossip       *Ring // the ring of the last Ready
+
+	leave     *leaving          // weft reset: set once this peer left
+	leftDirty bool              // persist leave.heir
+	ringPeers map[PeerName]bool // peers whose (claimed) ring this one merged: they share its seed
+	departed  map[PeerName]bool // peers that left and handed their ranges here (since start)
+	found     map[Key]Address   // addresses in use on the node, to hold once owned (HoldFound)
+	foundWarn map[Key]bool      // found addresses reported as another peer's
+	refused   map[string]int64  // refusal reported -> when (ticks)
+}
+
+// reportAgainAfter is how long (in ticks: 10 minutes with DefaultTiming's
+// tick) the same refusal of the same peer's ring is not logged again: a
+// split ring is refused on every gossip.
+const reportAgainAfter = 6000
+
+// RefusedRing wraps the error for a ring this peer refused to merge. The
+// refusal is in the Ready's Events already (the same one at most once
+// every reportAgainAfter ticks), so the shell need not log it again.
+type RefusedRing struct{ Err error }
+
+func (e *RefusedRing) Error() string { return e.Err.Error() }
+func (e *RefusedRing) Unwrap() error { return e.Err }
+
+// reportRefusal logs that the ring from from was refused, unless the same
+// refusal was logged lately.
+func (p *Peer) reportRefusal(from string, err error) {
+	text := fmt.Sprintf("ipalloc: refused the ring from %s: %v", from, err)
+	if at, ok := p.refused[text]; ok && p.now-at < reportAgainAfter {
+		return
+	}
+	if p.refused == nil || len(p.refused) > 1000 {
+		p.refused = map[string]int64{}
+	}
+	p.refused[text] = p.now
+	p.event(true, "%s", text)
 }
 
 type pendingAlloc struct {
@@ -153,6 +188,7 @@ type HardState struct {
 	Paxos       PaxosState
 	Removed     map[PeerName]PeerName // removed peer -> its reclaimer
 	Allocations map[Key]Address
+	Left        PeerName // the heir, once this peer has left the cluster (weft reset)
 }
 
 // Apply records what rd says to persist.
@@ -166,6 +202,9 @@ func (h *HardState) Apply(rd Ready) {
 	}
 	if rd.Removed != nil {
 		h.Removed = maps.Clone(rd.Removed)
+	}
+	if rd.Left != "" {
+		h.Left = rd.Left
 	}
 	if len(rd.Allocs) > 0 && h.Allocations == nil {
 		h.Allocations = map[Key]Address{}
@@ -181,7 +220,7 @@ func (h *HardState) Apply(rd Ready) {
 
 // Clone returns a deep copy.
 func (h HardState) Clone() HardState {
-	c := HardState{Paxos: h.Paxos, Removed: maps.Clone(h.Removed), Allocations: maps.Clone(h.Allocations)}
+	c := HardState{Paxos: h.Paxos, Removed: maps.Clone(h.Removed), Allocations: maps.Clone(h.Allocations), Left: h.Left}
 	c.Paxos.Value = slices.Clone(h.Paxos.Value)
 	if h.Ring != nil {
 		c.Ring = h.Ring.Clone()
@@ -196,6 +235,7 @@ type Ready struct {
 	Paxos   *PaxosState           // when it changed
 	Removed map[PeerName]PeerName // the whole set, when it changed
 	Allocs  []AllocChange         // in order
+	Left    PeerName              // the heir, when this peer has just left (weft reset)
 
 	// Then send.
 	Broadcast *Ring      // gossip to every peer
@@ -208,7 +248,7 @@ type Ready struct {
 
 // Empty reports whether rd holds nothing.
 func (rd *Ready) Empty() bool {
-	return rd.Ring == nil && rd.Paxos == nil && rd.Removed == nil && len(rd.Allocs) == 0 &&
+	return rd.Ring == nil && rd.Paxos == nil && rd.Removed == nil && len(rd.Allocs) == 0 && rd.Left == "" &&
 		rd.Broadcast == nil && len(rd.Messages) == 0 && len(rd.Answers) == 0 && len(rd.Events) == 0
 }
 
@@ -279,6 +319,9 @@ func NewPeer(cfg PeerConfig, hs HardState) (*Peer, error) {
 		tried:    map[PeerName]bool{},
 		served:   map[PeerName]uint64{},
 		gossip:   NewRing(cfg.Universe),
+
+		ringPeers: map[PeerName]bool{},
+		departed:  map[PeerName]bool{},
 	}
 	for _, n := range cfg.Peers {
 		p.AddPeer(n)
@@ -318,6 +361,12 @@ func NewPeer(cfg PeerConfig, hs HardState) (*Peer, error) {
 	}
 	for x := range p.acks {
 		p.sendRemoves(x)
+	}
+	if hs.Left != "" {
+		// It left before it stopped: it stays left, and makes sure its
+		// heir has everything.
+		p.leave = &leaving{heir: hs.Left}
+		p.handOn()
 	}
 	return p, nil
 }
@@ -389,7 +438,7 @@ func (p *Peer) send(to PeerName, m Msg) {
 
 // HasReady reports whether Ready would return anything.
 func (p *Peer) HasReady() bool {
-	return p.ringDirty || p.broadcast || p.removedDirty || (p.px != nil && p.px.Dirty()) || !p.rd.Empty()
+	return p.ringDirty || p.broadcast || p.removedDirty || p.leftDirty || (p.px != nil && p.px.Dirty()) || !p.rd.Empty()
 }
 
 // Ready returns what to persist, send and answer, in that order (see Peer),
@@ -415,6 +464,10 @@ func (p *Peer) Ready() Ready {
 	if p.removedDirty {
 		rd.Removed = maps.Clone(p.removed)
 		p.removedDirty = false
+	}
+	if p.leftDirty {
+		rd.Left = p.leave.heir
+		p.leftDirty = false
 	}
 	return rd
 }
@@ -477,14 +530,15 @@ func (p *Peer) mergeRing(r *Ring, from string) error {
 	before := len(p.a.ring.Entries)
 	changed, err := p.a.Merge(r)
 	if err != nil {
-		p.event(true, "ipalloc: refused the ring from %s: %v", from, err)
-		return err
+		p.reportRefusal(from, err)
+		return &RefusedRing{err}
 	}
 	if !changed {
 		return nil
 	}
 	p.ringChanged(before == 0 || !slices.Equal(p.a.Owned(), p.lastOwned))
 	p.completeReclaims()
+	p.holdFound()
 	p.serve()
 	return nil
 }
@@ -499,28 +553,46 @@ func (p *Peer) Step(from PeerName, m Msg) error {
 		return fmt.Errorf("ipalloc: message from this peer's own name %s", from)
 	}
 	if by, ok := p.removed[from]; ok {
+		if h, isHandover := m.(*Handover); isHandover && by == p.cfg.Self {
+			// A retry from a peer that left, which this peer removes
+			// already: the reclaim covers whatever it still owns.
+			p.send(from, &HandoverAck{ID: h.ID})
+			return nil
+		}
 		return fmt.Errorf("%w %s (removed by %s)", ErrRemovedPeer, from, by)
 	}
 	p.AddPeer(from)
+	if p.leave != nil {
+		return p.stepLeft(from, m)
+	}
+	var err error
+	var ring *Ring // the sender's ring, if the message carries one
 	switch m := m.(type) {
 	case *RingMsg:
-		return p.mergeRing(m.Ring, string(from))
+		ring, err = m.Ring, p.mergeRing(m.Ring, string(from))
 	case *PaxosMsg:
-		return p.stepPaxos(from, m)
+		err = p.stepPaxos(from, m)
 	case *DonateRequest:
 		p.stepDonateRequest(from, m)
 	case *Donation:
-		return p.stepDonation(from, m)
+		ring, err = m.Ring, p.stepDonation(from, m)
 	case *Denial:
 		p.stepDenial(from, m)
 	case *Remove:
 		p.stepRemove(from, m)
 	case *RemoveAck:
-		return p.stepRemoveAck(from, m)
+		ring, err = m.Ring, p.stepRemoveAck(from, m)
+	case *Handover:
+		ring, err = m.Ring, p.stepHandover(from, m)
+	case *HandoverAck:
+		p.stepHandoverAck(from, m)
 	default:
 		return fmt.Errorf("%w: unexpected %T", ErrBadMessage, m)
 	}
-	return nil
+	if err == nil && ring != nil && !ring.Empty() && !p.a.ring.Empty() {
+		p.ringPeers[from] = true
+	}
+	return err
 }
 
 func (p *Peer) stepPaxos(from PeerName, m *PaxosMsg) error {
@@ -563,7 +635,8 @@ func (p *Peer) paxosOut(out []PaxosOut) {
 // Tick advances time by one tick.
 func (p *Peer) Tick() {
 	p.now++
-	if p.px != nil && p.a.ring.Empty() {
+	p.tickLeave()
+	if p.px != nil && p.a.ring.Empty() && p.leave == nil {
 		// A consensus peer works on the first claim from its first tick,
 		// whether or not anything waits for an address yet.
 		p.paxosOut(p.px.Propose())
@@ -603,6 +676,10 @@ func (p *Peer) Tick() {
 func (p *Peer) Allocate(k Key) {
 	if addr, ok := p.a.Lookup(k); ok {
 		p.rd.Answers = append(p.rd.Answers, Answer{Key: k, Address: addr})
+		return
+	}
+	if p.leave != nil {
+		p.rd.Answers = append(p.rd.Answers, Answer{Key: k, Err: ErrLeft})
 		return
 	}
 	for _, w := range p.pending {
@@ -666,6 +743,9 @@ type PeerStatus struct {
 	Free     uint64
 	Waiting  int                     // allocations waiting for space
 	Reclaims map[PeerName][]PeerName // peer being removed -> live peers that have not acknowledged yet
+	Left     bool                    // this peer has left the cluster (weft reset)
+	Heir     PeerName                // to which peer it handed its ranges
+	HandedOn bool                    // the heir has saved them
 }
 
 // Status returns the current status.
@@ -675,6 +755,7 @@ func (p *Peer) Status() PeerStatus {
 	if p.px != nil {
 		s.Quorum, s.Known = p.px.Quorum(), p.px.Known()
 	}
+	s.Left, s.Heir, s.HandedOn = p.Leaving()
 	for x, acked := range p.acks {
 		if s.Reclaims == nil {
 			s.Reclaims = map[PeerName][]PeerName{}
@@ -693,6 +774,12 @@ func (p *Peer) Status() PeerStatus {
 // every owner is unreachable, which needs the mesh).
 func (s PeerStatus) String() string {
 	switch {
+	case s.Left && s.Heir == "":
+		return "left the cluster (weft reset)"
+	case s.Left && s.HandedOn:
+		return fmt.Sprintf("left the cluster (weft reset): ranges handed to %s", s.Heir)
+	case s.Left:
+		return fmt.Sprintf("left the cluster (weft reset): waiting for %s to confirm the handover of its ranges", s.Heir)
 	case !s.Claimed && s.Quorum > 0:
 		return fmt.Sprintf("awaiting consensus (quorum: %d, known: %d)", s.Quorum, s.Known)
 	case !s.Claimed:

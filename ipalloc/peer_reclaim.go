@@ -41,6 +41,9 @@ func (p *Peer) PeerGone(x PeerName) error {
 	if x == p.cfg.Self {
 		return fmt.Errorf("rmpeer %s: this is the peer's own name; to take this peer out, use 'weft reset' on it", x)
 	}
+	if p.leave != nil {
+		return fmt.Errorf("rmpeer %s: %w; run rmpeer on a peer that is still in it", x, ErrLeft)
+	}
 	if by, ok := p.removed[x]; ok {
 		if by == p.cfg.Self {
 			return nil
@@ -50,14 +53,19 @@ func (p *Peer) PeerGone(x PeerName) error {
 		}
 		// Its reclaimer was removed too: this peer takes the job over.
 	}
+	p.event(false, "ipalloc: rmpeer of %s: waiting for %d live peers to stop listening to it before taking over its ranges", x, len(p.livePeers()))
+	p.startRemoval(x)
+	return nil
+}
+
+// startRemoval records x as removed by this peer and starts the barrier.
+func (p *Peer) startRemoval(x PeerName) {
 	p.removed[x] = p.cfg.Self
 	p.removedDirty = true
 	p.acks[x] = map[PeerName]bool{}
 	p.forget(x)
-	p.event(false, "ipalloc: rmpeer of %s: waiting for %d live peers to stop listening to it before taking over its ranges", x, len(p.livePeers()))
 	p.sendRemoves(x)
 	p.completeReclaims()
-	return nil
 }
 
 func (p *Peer) isRemoved(q PeerName) bool {
@@ -84,6 +92,10 @@ func (p *Peer) sendRemoves(x PeerName) {
 
 func (p *Peer) stepRemove(from PeerName, m *Remove) {
 	x := m.Peer
+	if x == p.cfg.Self && p.leave != nil {
+		p.event(false, "ipalloc: %s is removing this peer, which has left the cluster", from)
+		return
+	}
 	if x == p.cfg.Self {
 		p.event(true, "ipalloc: %s is removing this peer (weft rmpeer) and will take over its ranges: "+
 			"if this peer is alive, that was a mistake, and addresses may be handed out twice", from)
@@ -151,16 +163,22 @@ func (p *Peer) completeReclaims() {
 			p.event(true, "ipalloc: rmpeer of %s: %v", x, err)
 			continue
 		}
-		if n > 0 || !p.reported[x] {
-			p.reported[x] = true
+		switch {
+		case p.departed[x] && n > 0:
+			p.event(false, "ipalloc: %s, which left the cluster, still owned %d IPs (a late donation): taken over", x, n)
+		case p.departed[x] && !p.reported[x]:
+			p.event(false, "ipalloc: every live peer has stopped listening to %s, which left the cluster", x)
+		case n > 0 || !p.reported[x]:
 			p.event(false, "rmpeer of %s: %d IPs taken over", x, n)
 		}
+		p.reported[x] = true
 		if n > 0 {
 			took = true
 			p.ringChanged(true)
 		}
 	}
 	if took {
+		p.holdFound()
 		p.serve()
 	}
 }

@@ -24,6 +24,7 @@ const (
 	keyRing           = "ring"
 	keyPaxos          = "paxos"
 	keyRemoved        = "removed"
+	keyLeft           = "left"
 )
 
 // TickInterval is the length of one core tick (DefaultTiming assumes it).
@@ -41,6 +42,22 @@ func GatewayKey(bridge string) Key {
 
 // Internal reports whether k is held by the router itself.
 func (k Key) Internal() bool { return strings.HasPrefix(k.ContainerID, internalPrefix) }
+
+// reclaimedPrefix starts the container id of ReclaimedKey.
+const reclaimedPrefix = internalPrefix + "reclaimed_"
+
+// ReclaimedKey is the placeholder under which the router holds addr, which
+// it found in use on its bridge after its state was lost: a pod it cannot
+// name holds it. CNI GC frees it once every attachment the runtime lists
+// is known (so none can be the pod), and so does a release that names
+// the address (api.Client.ReleaseAddress).
+func ReclaimedKey(bridge string, addr Address) Key {
+	return Key{ContainerID: reclaimedPrefix + addr.String(), IfName: bridge}
+}
+
+// Reclaimed reports whether k is a ReclaimedKey: internal, but most likely
+// a pod.
+func (k Key) Reclaimed() bool { return strings.HasPrefix(k.ContainerID, reclaimedPrefix) }
 
 // Meta is what the service records beside an allocation, for operators.
 type Meta struct {
@@ -88,7 +105,8 @@ type Service struct {
 	waiters map[Key][]chan Answer // callers of Allocate waiting for an answer
 	out     chan outgoing         // to routineSend
 	tr      Transport
-	broken  error // set when the state could not be saved nor reloaded
+	broken  error           // set when the state could not be saved nor reloaded
+	leaving []chan struct{} // callers of Leave waiting for the heir
 }
 
 // ErrBroken wraps every error of a service whose state could not be saved
@@ -183,6 +201,12 @@ func (s *Service) load() error {
 		if data := b.Get([]byte(keyRemoved)); len(data) > 0 {
 			if err := json.Unmarshal(data, &hs.Removed); err != nil {
 				return fmt.Errorf("the removed peers saved in %s are unreadable: %w", s.db.Path(), err)
+			}
+		}
+		if data := b.Get([]byte(keyLeft)); len(data) > 0 {
+			hs.Left = PeerName(data)
+			if err := ValidatePeerName(hs.Left); err != nil {
+				return fmt.Errorf("the heir saved in %s (this peer has left the cluster) is invalid: %w", s.db.Path(), err)
 			}
 		}
 		return nil
@@ -305,6 +329,12 @@ func (s *Service) flushLocked() error {
 			}
 		}
 	}
+	if _, _, done := s.p.Leaving(); done {
+		for _, ch := range s.leaving {
+			close(ch)
+		}
+		s.leaving = nil
+	}
 	return nil
 }
 
@@ -321,7 +351,7 @@ func (s *Service) queue(o outgoing) {
 
 // persistLocked writes what rd says to persist, in one transaction.
 func (s *Service) persistLocked(rd Ready) error {
-	if rd.Ring == nil && rd.Paxos == nil && rd.Removed == nil && len(rd.Allocs) == 0 {
+	if rd.Ring == nil && rd.Paxos == nil && rd.Removed == nil && len(rd.Allocs) == 0 && rd.Left == "" {
 		return nil
 	}
 	now := s.cfg.Now().UTC()
@@ -349,6 +379,11 @@ func (s *Service) persistLocked(rd Ready) error {
 		}
 		if rd.Removed != nil {
 			if err := put(keyRemoved, rd.Removed); err != nil {
+				return err
+			}
+		}
+		if rd.Left != "" {
+			if err := ipam.Put([]byte(keyLeft), []byte(rd.Left)); err != nil {
 				return err
 			}
 		}
@@ -445,7 +480,8 @@ func (s *Service) Step(from PeerName, data []byte) error {
 	if ferr := s.flushLocked(); ferr != nil {
 		return ferr
 	}
-	if err != nil && !errors.Is(err, ErrRemovedPeer) {
+	var refused *RefusedRing
+	if err != nil && !errors.Is(err, ErrRemovedPeer) && !errors.As(err, &refused) { // the core logs refused rings
 		s.log.Warn("ipalloc: refused a message", "from", from, "err", err)
 	}
 	return err
@@ -567,14 +603,26 @@ func (s *Service) Release(k Key) (netip.Addr, bool, error) {
 	return addr.Addr(), true, nil
 }
 
-// GC releases every pod allocation whose key keep rejects, and returns what
-// it released.
-func (s *Service) GC(keep func(Key) bool) ([]Allocation, error) {
+// GC releases every pod allocation whose key is not in valid (the
+// attachments the runtime still has), and returns what it released.
+// Addresses re-claimed from the bridge (ReclaimedKey) are released too, but
+// only when every valid attachment holds an address of its own here: a
+// valid attachment this peer does not know may be the pod that uses one.
+func (s *Service) GC(valid []Key) ([]Allocation, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	keep := make(map[Key]bool, len(valid))
+	unknown := 0
+	for _, k := range valid {
+		keep[k] = true
+		if _, ok := s.p.Lookup(k); !ok {
+			unknown++
+		}
+	}
 	var drop []Allocation
 	for _, al := range s.p.Allocations() {
-		if !al.Key.Internal() && !keep(al.Key) {
+		pod := !al.Key.Internal() || (al.Key.Reclaimed() && unknown == 0)
+		if pod && !keep[al.Key] {
 			drop = append(drop, al)
 			s.p.Release(al.Key)
 		}
@@ -583,6 +631,83 @@ func (s *Service) GC(keep func(Key) bool) ([]Allocation, error) {
 		return nil, fmt.Errorf("saving GC: %w", err)
 	}
 	return drop, nil
+}
+
+// ReleaseReclaimed frees addr if it is held as re-claimed from the bridge
+// (ReclaimedKey): the pod that used it is gone. It reports whether it was.
+func (s *Service) ReleaseReclaimed(addr netip.Addr) (bool, error) {
+	a, err := AddressFrom(addr)
+	if err != nil {
+		return false, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var k Key
+	for _, al := range s.p.Allocations() {
+		if al.Address == a && al.Key.Reclaimed() {
+			k = al.Key
+		}
+	}
+	if k == (Key{}) {
+		return false, nil
+	}
+	s.p.Release(k)
+	if err := s.flushLocked(); err != nil {
+		return false, fmt.Errorf("saving release of %s: %w", k, err)
+	}
+	return true, nil
+}
+
+// HoldFound holds addresses found in use on this node that its state does
+// not know, each under its key, as soon as they are in a range this peer
+// owns (Peer.HoldFound). The holds are saved and logged.
+func (s *Service) HoldFound(found map[Key]netip.Addr) error {
+	in := make(map[Key]Address, len(found))
+	for k, ip := range found {
+		a, err := AddressFrom(ip)
+		if err != nil {
+			return fmt.Errorf("found address of %s: %w", k, err)
+		}
+		in[k] = a
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.p.HoldFound(in)
+	return s.flushLocked()
+}
+
+// Leave takes this peer out of the cluster (weft reset; see Peer.Leave):
+// it gives every range to the live peer that owns the least, saves that,
+// and waits until that peer has saved it too, or ctx ends. alive reports
+// which peers the mesh sees up; it is called under the service's lock, so
+// it must not call back into the service (or into anything that does).
+// Calling it again after a timeout waits again.
+func (s *Service) Leave(ctx context.Context, alive func(PeerName) bool, force bool) (LeaveResult, error) {
+	s.mu.Lock()
+	res, err := s.p.Leave(alive, force)
+	if err != nil {
+		s.mu.Unlock()
+		return res, err
+	}
+	if err := s.flushLocked(); err != nil {
+		s.mu.Unlock()
+		return res, fmt.Errorf("saving the handover: %w", err)
+	}
+	if _, _, done := s.p.Leaving(); done {
+		s.mu.Unlock()
+		return res, nil
+	}
+	ch := make(chan struct{})
+	s.leaving = append(s.leaving, ch)
+	s.mu.Unlock()
+	select {
+	case <-ch:
+		return res, nil
+	case <-ctx.Done():
+		return res, fmt.Errorf("this peer has given its ranges to %s, but %s has not confirmed that it saved them (%w); "+
+			"it is retried: run weft reset again to wait more. If %s is gone for good, weft rmpeer it on another peer",
+			res.Heir, res.Heir, ctx.Err(), res.Heir)
+	}
 }
 
 // Held is an allocation with its metadata, for status.

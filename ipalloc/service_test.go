@@ -208,7 +208,7 @@ func TestServiceGC(t *testing.T) {
 		held[key(i)] = e.mustAllocate(key(i))
 	}
 	keep := map[Key]bool{key(1): true, key(4): true}
-	dropped, err := svc.GC(func(k Key) bool { return keep[k] })
+	dropped, err := svc.GC([]Key{key(1), key(4)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,7 +223,7 @@ func TestServiceGC(t *testing.T) {
 		t.Errorf("GC dropped %v, want %v", got, want)
 	}
 	// Nothing more to drop.
-	if dropped, err := svc.GC(func(k Key) bool { return keep[k] }); err != nil || len(dropped) != 0 {
+	if dropped, err := svc.GC([]Key{key(1), key(4)}); err != nil || len(dropped) != 0 {
 		t.Errorf("second GC = %v, %v", dropped, err)
 	}
 	svc = e.restart()
@@ -273,7 +273,7 @@ func TestServiceSaveFails(t *testing.T) {
 	if _, ok, err := svc.Release(key(1)); err == nil || ok {
 		t.Fatalf("Release with the state closed = %v, %v; want an error", ok, err)
 	}
-	if _, err := svc.GC(func(Key) bool { return false }); err == nil {
+	if _, err := svc.GC(nil); err == nil {
 		t.Fatal("GC with the state closed succeeded")
 	}
 	// Memory and disk may now differ: the service answers nothing from

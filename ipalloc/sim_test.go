@@ -39,6 +39,7 @@ type simCounts struct {
 	Allocations, Releases, Failed, Lost                         int64
 	Crashes, CrashesMidReady, Restarts, Deaths, Partitions      int64
 	Donations, Reclaims, ReclaimedIPs, Claims, Violations, Msgs int64
+	Leaves, LeavesRefused, LeavesDone                           int64
 }
 
 func (c *simCounts) add(o *simCounts) {
@@ -48,7 +49,7 @@ func (c *simCounts) add(o *simCounts) {
 		{&c.Failed, &o.Failed}, {&c.Lost, &o.Lost}, {&c.Crashes, &o.Crashes}, {&c.CrashesMidReady, &o.CrashesMidReady},
 		{&c.Restarts, &o.Restarts}, {&c.Deaths, &o.Deaths}, {&c.Partitions, &o.Partitions}, {&c.Donations, &o.Donations},
 		{&c.Reclaims, &o.Reclaims}, {&c.ReclaimedIPs, &o.ReclaimedIPs}, {&c.Claims, &o.Claims}, {&c.Violations, &o.Violations},
-		{&c.Msgs, &o.Msgs},
+		{&c.Msgs, &o.Msgs}, {&c.Leaves, &o.Leaves}, {&c.LeavesRefused, &o.LeavesRefused}, {&c.LeavesDone, &o.LeavesDone},
 	} {
 		atomic.AddInt64(f.a, *f.b)
 	}
@@ -58,11 +59,11 @@ func (c *simCounts) String() string {
 	return fmt.Sprintf("schedules %d, steps %d, messages %d sent / %d delivered / %d dropped / %d duplicated / %d refused, "+
 		"allocations %d (releases %d, failed for want of space or quorum %d, lost to a crash %d), "+
 		"crashes %d (%d between persisting and sending), restarts %d, crashed for good %d, partitions %d, "+
-		"donations %d, reclaims %d (%d IPs), first claims %d, violations %d",
+		"donations %d, reclaims %d (%d IPs), first claims %d, leaves %d (refused %d, confirmed and gone %d), violations %d",
 		c.Schedules, c.Steps, c.Msgs, c.Delivered, c.Dropped, c.Duplicated, c.Refused,
 		c.Allocations, c.Releases, c.Failed, c.Lost,
 		c.Crashes, c.CrashesMidReady, c.Restarts, c.Deaths, c.Partitions,
-		c.Donations, c.Reclaims, c.ReclaimedIPs, c.Claims, c.Violations)
+		c.Donations, c.Reclaims, c.ReclaimedIPs, c.Claims, c.Leaves, c.LeavesRefused, c.LeavesDone, c.Violations)
 }
 
 var simTiming = Timing{PaxosRetry: 6, PaxosPatience: 15, DonationRetry: 6, AllocDeadline: 150, RemoveRetry: 8, GossipEvery: 3}
@@ -72,8 +73,20 @@ type simPeer struct {
 	init    Init
 	p       *Peer     // nil while crashed
 	disk    HardState // what survives a crash: only what Ready said to persist
-	dead    bool      // crashed for good
+	dead    bool      // crashed for good, or gone after leaving
 	removed bool      // removed with rmpeer by some live peer
+	left    bool      // left with weft reset, confirmed, and gone
+	rmpeers int       // times the operator ran rmpeer of it
+}
+
+// leaving reports whether sp is up but has left the cluster (weft reset)
+// and waits for its heir before it goes.
+func (sp *simPeer) leaving() bool {
+	if sp.p == nil {
+		return false
+	}
+	left, _, _ := sp.p.Leaving()
+	return left
 }
 
 type simMsg struct {
@@ -208,6 +221,17 @@ func (s *sim) up() []*simPeer {
 	return out
 }
 
+// serving lists the peers that are up and still in the cluster.
+func (s *sim) serving() []*simPeer {
+	var out []*simPeer
+	for _, sp := range s.up() {
+		if !sp.leaving() {
+			out = append(out, sp)
+		}
+	}
+	return out
+}
+
 func (s *sim) pick(ps []*simPeer) *simPeer {
 	if len(ps) == 0 {
 		return nil
@@ -296,6 +320,12 @@ func (s *sim) ready(sp *simPeer) {
 		s.tracef("%s: %s got %s", sp.name, a.Key, a.Address)
 		s.held[a.Key] = a.Address
 		s.c.Allocations++
+	}
+	if left, heir, ok := sp.p.Leaving(); left && ok {
+		// weft reset returns, and the router goes with its state.
+		s.tracef("%s: %s confirmed the handover; %s goes", sp.name, heir, sp.name)
+		s.c.LeavesDone++
+		sp.p, sp.dead, sp.left = nil, true, true
 	}
 }
 
@@ -422,6 +452,18 @@ func (s *sim) randomStep() {
 			dead = append(dead, sp)
 		}
 	}
+	// Peers dead, gone after leaving, or leaving: at most maxDie.
+	out := len(dead)
+	var claimed []*simPeer // peers that may leave
+	for _, sp := range s.peers {
+		switch {
+		case sp.dead:
+		case sp.leaving() || (sp.p == nil && sp.disk.Left != ""):
+			out++
+		case sp.p != nil && sp.p.Status().Claimed:
+			claimed = append(claimed, sp)
+		}
+	}
 	partitioned := false
 	for _, g := range s.group {
 		if g != 0 {
@@ -450,7 +492,7 @@ func (s *sim) randomStep() {
 		}},
 		{120, s.tick},
 		{100, func() {
-			if sp := s.pick(up); sp != nil {
+			if sp := s.pick(s.serving()); sp != nil {
 				s.allocate(sp)
 			}
 		}},
@@ -502,7 +544,7 @@ func (s *sim) randomStep() {
 			s.start(sp)
 		}})
 	}
-	if len(dead) < s.maxDie && len(up) > 2 {
+	if out < s.maxDie && len(up) > 2 {
 		actions = append(actions, action{1, func() {
 			sp := s.pick(up)
 			s.c.Deaths++
@@ -517,10 +559,13 @@ func (s *sim) randomStep() {
 			}
 		}})
 	}
-	if len(removable) > 0 && len(up) > 0 {
-		actions = append(actions, action{10, func() { s.rmpeer(s.pick(removable)) }})
+	if out < s.maxDie && len(claimed) > 0 && len(s.serving()) > 2 {
+		actions = append(actions, action{1, func() { s.leave(s.pick(claimed)) }})
 	}
-	if len(dead) > 0 && len(up) > 0 {
+	if len(removable) > 0 && len(s.serving()) > 0 {
+		actions = append(actions, action{10, func() { s.rmpeerGone(s.pick(removable)) }})
+	}
+	if len(dead) > 0 && len(s.serving()) > 0 {
 		// The operator runs rmpeer again, maybe on another peer.
 		actions = append(actions, action{2, func() {
 			if x := s.pick(dead); s.drained(x) {
@@ -543,8 +588,64 @@ func (s *sim) randomStep() {
 	s.check()
 }
 
+// leave runs weft reset on sp: mostly forced, else refused while it holds
+// pods. alive is what sp's mesh would see: peers up and reachable, and not
+// leaving themselves.
+func (s *sim) leave(sp *simPeer) {
+	force := s.rng.IntN(4) != 0
+	alive := func(q PeerName) bool {
+		o := s.by[q]
+		return o != nil && o.p != nil && !o.leaving() && s.connected(sp.name, q)
+	}
+	pods := 0
+	for _, al := range sp.p.Allocations() {
+		if !al.Key.Internal() {
+			pods++
+		}
+	}
+	s.tracef("%s: leave (force %v, %d pods)", sp.name, force, pods)
+	res, err := sp.p.Leave(alive, force)
+	switch {
+	case err == nil:
+		s.c.Leaves++
+		s.tracef("%s: leaves, heir %s, %d addresses", sp.name, res.Heir, res.Size)
+		if res.Heir == "" {
+			s.fail("%s left without an heir", sp.name)
+		}
+	case !force && pods > 0 && errors.Is(err, ErrPodsHeld),
+		errors.Is(err, ErrNoHeir),
+		strings.Contains(err.Error(), "(rmpeer) and waits for"):
+		s.c.LeavesRefused++
+		s.tracef("%s: leave refused: %v", sp.name, err)
+	default:
+		s.fail("leave of %s (force %v, %d pods): %v", sp.name, force, pods, err)
+	}
+	s.ready(sp)
+	if sp.disk.Left != "" {
+		// Done on disk: its pods are gone with the node.
+		for k, h := range s.holder {
+			if h == sp.name {
+				delete(s.held, k)
+				delete(s.holder, k)
+				delete(s.waiting, k)
+			}
+		}
+	}
+}
+
+// rmpeerGone is the operator removing a peer that is gone and that no
+// live peer removes. A peer that left needs that only when its heir is
+// gone too: otherwise the heir removes it.
+func (s *sim) rmpeerGone(x *simPeer) {
+	if heir := s.by[x.disk.Left]; x.left && x.rmpeers == 0 && heir != nil && !heir.dead {
+		s.fail("%s left, and its heir %s is not gone, but nobody removes %s", x.name, heir.name, x.name)
+	}
+	s.rmpeer(x)
+}
+
 func (s *sim) rmpeer(x *simPeer) {
-	by := s.pick(s.up())
+	x.rmpeers++
+	by := s.pick(s.serving())
 	s.tracef("%s: rmpeer %s", by.name, x.name)
 	if err := by.p.PeerGone(x.name); err != nil {
 		// Another (dead) peer is on it: the operator removes that one first.
@@ -635,7 +736,7 @@ func (s *sim) settle(what string) {
 		}
 		for _, sp := range s.peers {
 			if s.mayRemove(sp) {
-				s.rmpeer(sp)
+				s.rmpeerGone(sp)
 			}
 		}
 		s.tick()
@@ -659,6 +760,9 @@ func (s *sim) quiescent() bool {
 	var ring *Ring
 	for _, sp := range s.up() {
 		st := sp.p.Status()
+		if st.Left {
+			continue // its view is frozen: it merges nothing any more
+		}
 		if st.Waiting > 0 || !st.Claimed {
 			return false
 		}
@@ -668,7 +772,7 @@ func (s *sim) quiescent() bool {
 			}
 		}
 		for _, rp := range sp.p.Ring().Peers() {
-			if s.by[rp].removed {
+			if s.by[rp].removed || s.by[rp].left {
 				return false
 			}
 		}
@@ -704,7 +808,7 @@ func (s *sim) run(steps int) error {
 		return s.err
 	}
 	// Every live peer gets an address, if there is space for them all.
-	up := s.up()
+	up := s.serving()
 	var free uint64
 	for _, sp := range up {
 		free += sp.p.Stats().Free

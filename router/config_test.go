@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-func validConfig(t *testing.T) Config {
+func validConfig(t testing.TB) Config {
 	c := Defaults()
 	dir := t.TempDir()
 	c.StateDir, c.Socket, c.CNIBinDir, c.CNIConfDir = dir+"/state", dir+"/weft.sock", dir+"/bin", dir+"/conf"

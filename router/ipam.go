@@ -172,3 +172,43 @@ func checkGone(p mesh.Peer) (ipalloc.PeerName, error) {
 	}
 	return ipalloc.PeerName(p.Name), nil
 }
+
+// alivePeers is the set of peers the mesh sees alive (or only suspected).
+func (r *Router) alivePeers() map[ipalloc.PeerName]bool {
+	alive := map[ipalloc.PeerName]bool{}
+	if r.mesh == nil {
+		return alive
+	}
+	for _, p := range r.mesh.Peers() {
+		if !p.Self && (p.State == mesh.StateAlive || p.State == mesh.StateSuspect) {
+			alive[ipalloc.PeerName(p.Name)] = true
+		}
+	}
+	return alive
+}
+
+// reclaimFromBridge re-claims addresses in use on the bridge when the state
+// knows none (it was lost, or the state dir is new on a node with pods):
+// the bridge's own address in the pod range (held as the gateway, so that
+// the pods keep their default route) and the pod-range addresses in its
+// neighbour table (pods that talked to the gateway). The allocator holds
+// each as soon as it lies in a range this peer owns, and never one outside.
+func (r *Router) reclaimFromBridge() {
+	if r.ipam.Stats().Allocated > 0 {
+		return
+	}
+	seen, err := observeBridge(r.cfg.Bridge)
+	if err != nil {
+		r.log.Warn("cannot read the bridge to re-claim the addresses of its pods", "bridge", r.cfg.Bridge, "err", err)
+		return
+	}
+	found := foundAddrs(r.cfg.Bridge, r.cfg.Universe, seen)
+	if len(found) == 0 {
+		return
+	}
+	r.log.Info("ipalloc: the state knows no allocation, but the bridge has pods: re-claiming their addresses once they are in this peer's ranges",
+		"bridge", r.cfg.Bridge, "ports", seen.Ports, "addresses", len(found))
+	if err := r.ipam.HoldFound(found); err != nil {
+		r.log.Error("ipalloc: re-claiming the addresses found on the bridge", "err", err)
+	}
+}

@@ -7,7 +7,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/weft-net/weft/api"
@@ -17,6 +21,10 @@ import (
 // allocateWait bounds how long an allocation waits for space (a claim or a
 // donation); the plugin then reports "try again", and the runtime retries.
 const allocateWait = 20 * time.Second
+
+// resetWait bounds how long weft reset waits for the heir to confirm the
+// handover (the client gives up after 30 s).
+const resetWait = 20 * time.Second
 
 // maxRequestBody bounds a local API request; a GC list of 10,000 attachments fits.
 const maxRequestBody = 4 << 20
@@ -35,6 +43,7 @@ func (l *localAPI) handler() http.Handler {
 	mux.HandleFunc("POST "+api.PathGC, l.instrument("gc", l.gc))
 	mux.HandleFunc("GET "+api.PathReady, l.instrument("ready", l.ready))
 	mux.HandleFunc("POST "+api.PathRmpeer, l.instrument("rmpeer", l.rmpeer))
+	mux.HandleFunc("POST "+api.PathReset, l.instrument("reset", l.reset))
 	mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
 		writeError(w, http.StatusNotFound, api.CodeInvalid, fmt.Sprintf("no local API endpoint %s %s", req.Method, req.URL.Path))
 	})
@@ -130,6 +139,9 @@ func (l *localAPI) allocate(w http.ResponseWriter, req *http.Request) {
 	defer cancel()
 	ip, isNew, err := l.r.ipam.Allocate(ctx, k, ipalloc.Meta{Netns: in.Netns, PodNamespace: in.PodNamespace, PodName: in.PodName})
 	switch {
+	case errors.Is(err, ipalloc.ErrLeft):
+		writeError(w, http.StatusServiceUnavailable, api.CodeNotReady, err.Error())
+		return
 	case ipalloc.ErrIsExhausted(err):
 		writeError(w, http.StatusServiceUnavailable, api.CodeExhausted, fmt.Sprintf("no address for %s: %v", k, err))
 		return
@@ -174,7 +186,27 @@ func (l *localAPI) release(w http.ResponseWriter, req *http.Request) {
 		writeError(w, http.StatusBadRequest, api.CodeInvalid, err.Error())
 		return
 	}
+	var prev netip.Addr
+	if s := req.URL.Query().Get(api.QueryAddress); s != "" {
+		p, err := netip.ParsePrefix(s) // the plugin's prevResult has a prefix length
+		if err != nil {
+			p, err = netip.ParsePrefix(s + "/32")
+		}
+		if err != nil || !p.Addr().Is4() {
+			writeError(w, http.StatusBadRequest, api.CodeInvalid, fmt.Sprintf("%s=%q is not an IPv4 address", api.QueryAddress, s))
+			return
+		}
+		prev = p.Addr()
+	}
 	ip, ok, err := l.r.ipam.Release(key(att))
+	if err == nil && !ok && prev.IsValid() {
+		// Unknown here: its address may be one re-claimed from the
+		// bridge after the state was lost.
+		if ok, err = l.r.ipam.ReleaseReclaimed(prev); ok {
+			ip = prev
+			l.r.log.Info("released re-claimed address", "address", ip, "container", att.ContainerID, "ifname", att.IfName)
+		}
+	}
 	if err != nil {
 		l.r.log.Error("release failed", "key", att, "err", err)
 		writeError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
@@ -197,15 +229,15 @@ func (l *localAPI) gc(w http.ResponseWriter, req *http.Request) {
 		writeError(w, http.StatusBadRequest, api.CodeInvalid, `GC needs the list of valid attachments ("valid": [...]); an absent list would release every pod's address`)
 		return
 	}
-	keep := make(map[ipalloc.Key]bool, len(in.Valid))
+	valid := make([]ipalloc.Key, 0, len(in.Valid))
 	for i, a := range in.Valid {
 		if err := a.Validate(); err != nil {
 			writeError(w, http.StatusBadRequest, api.CodeInvalid, fmt.Sprintf("valid attachment %d: %v", i, err))
 			return
 		}
-		keep[key(a)] = true
+		valid = append(valid, key(a))
 	}
-	dropped, err := l.r.ipam.GC(func(k ipalloc.Key) bool { return keep[k] })
+	dropped, err := l.r.ipam.GC(valid)
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
 		return
@@ -256,4 +288,58 @@ func (l *localAPI) rmpeer(w http.ResponseWriter, req *http.Request) {
 	}
 	l.r.log.Info(msg, "by", "weft rmpeer")
 	writeJSON(w, http.StatusOK, api.RmpeerResponse{Peer: string(name), Message: msg})
+}
+
+// reset takes this peer out of the cluster (weft reset): the allocator
+// hands every range to a live peer and waits for it to confirm; then the
+// CNI config goes at once (the runtime must stop sending pods here), and
+// the router tears the rest down and exits once this answer is written.
+func (l *localAPI) reset(w http.ResponseWriter, req *http.Request) {
+	var in api.ResetRequest
+	if !decode(w, req, &in) {
+		return
+	}
+	alive := l.r.alivePeers() // before the allocator's lock: the mesh calls into it
+	ctx, cancel := context.WithTimeout(req.Context(), resetWait)
+	defer cancel()
+	res, err := l.r.ipam.Leave(ctx, func(p ipalloc.PeerName) bool { return alive[p] }, in.Force)
+	if err != nil {
+		writeError(w, http.StatusConflict, api.CodeConflict, err.Error())
+		return
+	}
+	l.r.setReady(false, "left the cluster (weft reset); tearing down")
+	conf := filepath.Join(l.r.cfg.CNIConfDir, ConfListName)
+	if err := os.Remove(conf); err != nil && !errors.Is(err, os.ErrNotExist) {
+		l.r.log.Error("weft reset: removing the CNI config", "path", conf, "err", err)
+	}
+	resp := api.ResetResponse{Heir: string(res.Heir), HeirNickname: l.r.nickname(string(res.Heir)), Addresses: res.Size, Dropped: len(res.Dropped)}
+	var msg strings.Builder
+	switch {
+	case res.Heir == "":
+		msg.WriteString("no other peer shares this ring: nothing to hand over")
+	case res.Ranges == nil:
+		fmt.Fprintf(&msg, "%s(%s) has confirmed the handover of this peer's ranges", res.Heir, resp.HeirNickname)
+	default:
+		fmt.Fprintf(&msg, "handed %d addresses to %s(%s), which has saved them", res.Size, res.Heir, resp.HeirNickname)
+	}
+	if n := countPods(res.Dropped); n > 0 {
+		fmt.Fprintf(&msg, "; %d pod addresses dropped (--force)", n)
+	}
+	msg.WriteString("; removing the bridge, its nftables table, the CNI config and the state, then exiting. " +
+		"This peer's name is now removed from the cluster: start a router here again only with a new name (the default, when the state is gone)")
+	resp.Message = msg.String()
+	l.r.log.Info("weft reset: "+resp.Message, "heir", res.Heir, "addresses", res.Size, "dropped", len(res.Dropped))
+	writeJSON(w, http.StatusOK, resp)
+	l.r.requestReset()
+}
+
+// countPods counts the allocations of pods (not the router's own).
+func countPods(als []ipalloc.Allocation) int {
+	n := 0
+	for _, a := range als {
+		if !a.Key.Internal() || a.Key.Reclaimed() {
+			n++
+		}
+	}
+	return n
 }

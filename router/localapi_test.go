@@ -18,7 +18,7 @@ import (
 
 // newTestRouter is a router with real state and allocator but no network
 // setup: the local API and status logic above the bridge seam.
-func newTestRouter(t *testing.T, rangeCIDR string) (*Router, *api.Client) {
+func newTestRouter(t testing.TB, rangeCIDR string) (*Router, *api.Client) {
 	t.Helper()
 	c := validConfig(t)
 	c.IPAllocRange = rangeCIDR

@@ -41,6 +41,7 @@ type Router struct {
 	mesh       *mesh.Mesh    // set by Run
 	ipamCh     *mesh.Channel // the allocator's gossip channel
 	knownPeers []string      // as last saved
+	resetCh    chan struct{} // weft reset succeeded: tear down and exit
 
 	mu       sync.Mutex
 	netState netState
@@ -81,7 +82,7 @@ func New(cfg *Validated, log *slog.Logger) (*Router, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Router{cfg: cfg, log: log, db: db, reason: "starting"}
+	r := &Router{cfg: cfg, log: log, db: db, reason: "starting", resetCh: make(chan struct{}, 1)}
 	fail := func(err error) (*Router, error) { db.Close(); return nil, err }
 
 	r.name, err = db.PeerName(cfg.Name)
@@ -110,9 +111,22 @@ func (r *Router) Name() string { return r.name }
 // Run sets the node up, serves until ctx ends, then shuts down in this
 // order: the servers, the allocator, the mesh (leaving it), the state.
 // Pods, the bridge and the CNI config are left in place so that a restart
-// (or an upgrade) disturbs nothing.
-func (r *Router) Run(ctx context.Context) error {
-	defer r.db.Close()
+// (or an upgrade) disturbs nothing. After weft reset, Run removes the
+// bridge with its nftables table, the CNI config and the state file too.
+func (r *Router) Run(ctx context.Context) (runErr error) {
+	reset := false
+	defer func() {
+		if err := r.db.Close(); err != nil {
+			r.log.Warn("closing the state", "err", err)
+		}
+		if reset {
+			if err := os.Remove(r.db.Path()); err != nil && !errors.Is(err, os.ErrNotExist) {
+				runErr = errors.Join(runErr, fmt.Errorf("weft reset: removing the state: %w", err))
+				return
+			}
+			r.log.Info("weft reset: removed the state", "path", r.db.Path())
+		}
+	}()
 
 	if err := r.setupUnderlay(); err != nil {
 		return err
@@ -120,6 +134,7 @@ func (r *Router) Run(ctx context.Context) error {
 	if err := r.openIPAM(); err != nil {
 		return err
 	}
+	r.reclaimFromBridge()
 	if err := r.startMesh(ctx); err != nil {
 		return err
 	}
@@ -173,11 +188,13 @@ func (r *Router) Run(ctx context.Context) error {
 
 	t := time.NewTicker(reconcileEvery)
 	defer t.Stop()
-	var runErr error
 loop:
 	for {
 		select {
 		case <-ctx.Done():
+			break loop
+		case <-r.resetCh:
+			reset = true
 			break loop
 		case err := <-errc:
 			runErr = err
@@ -202,8 +219,34 @@ loop:
 	_ = statusSrv.Shutdown(shutCtx)
 	stopRoutines()
 	wg.Wait()
+	if reset {
+		runErr = errors.Join(runErr, r.teardown())
+	}
 	os.Remove(r.cfg.Socket)
 	return runErr
+}
+
+// requestReset makes Run tear the node down and return (weft reset).
+func (r *Router) requestReset() {
+	select {
+	case r.resetCh <- struct{}{}:
+	default:
+	}
+}
+
+// teardown removes what the router made on the node: the CNI config, the
+// bridge and weft's nftables table. (Run removes the state last.) Pods'
+// veths lose their bridge; the CNI plugin binaries stay.
+func (r *Router) teardown() error {
+	var errs []error
+	conf := filepath.Join(r.cfg.CNIConfDir, ConfListName)
+	if err := os.Remove(conf); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("weft reset: removing %s: %w", conf, err))
+	}
+	if err := bridge.Teardown("", r.cfg.Bridge, r.log); err != nil {
+		errs = append(errs, fmt.Errorf("weft reset: removing bridge %s: %w", r.cfg.Bridge, err))
+	}
+	return errors.Join(errs...)
 }
 
 // setupUnderlay finds the underlay address and derives the pod MTU.

@@ -4,9 +4,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"runtime"
+	"slices"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -47,6 +49,9 @@ type IPAMReport struct {
 	Owners        []OwnerReport   `json:"owners"`
 	Entries       []ipalloc.Entry `json:"entries"`
 	Allocations   []AllocReport   `json:"allocations"`
+	// Reclaims this peer runs (rmpeer, or a peer that left to it) that
+	// still wait: removed peer -> the live peers not yet listening no more.
+	Reclaims map[string][]string `json:"reclaims,omitempty"`
 }
 
 // OwnerReport is one line of /status/ipam.
@@ -106,7 +111,7 @@ func (r *Router) Report() Report {
 	}
 	active := 0
 	for _, a := range snap.Allocations {
-		if a.Key.Internal() {
+		if a.Key.Internal() && !a.Key.Reclaimed() { // re-claimed: most likely a pod
 			continue
 		}
 		active++
@@ -115,6 +120,17 @@ func (r *Router) Report() Report {
 			ar.Created = a.Created.Format("2006-01-02T15:04:05Z")
 		}
 		rep.IPAM.Allocations = append(rep.IPAM.Allocations, ar)
+	}
+	for x, waiting := range snap.Status.Reclaims {
+		if len(waiting) == 0 {
+			continue // done
+		}
+		if rep.IPAM.Reclaims == nil {
+			rep.IPAM.Reclaims = map[string][]string{}
+		}
+		for _, q := range waiting {
+			rep.IPAM.Reclaims[string(x)] = append(rep.IPAM.Reclaims[string(x)], string(q))
+		}
 	}
 	total := uint64(snap.Universe.Bits())
 	total = uint64(1) << (32 - total)
@@ -208,6 +224,9 @@ func WriteIPAM(w io.Writer, rep Report) {
 			suffix = " - unreachable!"
 		}
 		fmt.Fprintf(w, "%-40s %8d IPs (%05.1f%% of total) (%d active)%s\n", name, o.Size, o.Percent, o.Active, suffix)
+	}
+	for _, x := range slices.Sorted(maps.Keys(rep.IPAM.Reclaims)) {
+		fmt.Fprintf(w, "removing %s: waiting for %s to stop listening to it\n", x, strings.Join(rep.IPAM.Reclaims[x], ", "))
 	}
 }
 

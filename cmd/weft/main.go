@@ -13,6 +13,7 @@ var commands = map[string]func(args []string) error{
 	"version": cmdVersion,
 	"demo":    cmdDemo,
 	"rmpeer":  cmdRmpeer,
+	"reset":   cmdReset,
 }
 
 const usage = `usage: weft <command> [flags]
@@ -21,6 +22,8 @@ commands:
   router    run the weft peer of this node (the daemon)
   status    show a router's status: weft status [ipam|peers|connections|report]
   rmpeer    take over the ranges of a peer that is gone for good: weft rmpeer NAME
+  reset     take this node out of the cluster: hand its ranges to a live peer,
+            remove its bridge, CNI config and state, stop its router: weft reset [--force]
   demo      build a local cluster in network namespaces and show it working
   version   print the version
 

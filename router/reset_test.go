@@ -1,0 +1,139 @@
+package router
+
+import (
+	"context"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/weft-net/weft/api"
+	"github.com/weft-net/weft/ipalloc"
+)
+
+func TestLocalAPIReset(t *testing.T) {
+	r, cl := newTestRouter(t, "10.32.0.0/24")
+	r.setReady(true, "")
+	ctx := context.Background()
+	conf := filepath.Join(r.cfg.CNIConfDir, ConfListName)
+	if err := os.MkdirAll(r.cfg.CNIConfDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(conf, []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.Allocate(ctx, api.AllocateRequest{Attachment: api.Attachment{ContainerID: "c1", IfName: "eth0"}}); err != nil {
+		t.Fatal(err)
+	}
+	// A pod holds an address: refused, and nothing changes.
+	_, err := cl.Reset(ctx, false)
+	if !api.IsCode(err, api.CodeConflict) || !strings.Contains(err.Error(), "c1/eth0") || !strings.Contains(err.Error(), "--force") {
+		t.Fatalf("reset with a pod: %v", err)
+	}
+	if ok, _ := r.Ready(); !ok || len(r.resetCh) != 0 {
+		t.Fatal("a refused reset changed the router")
+	}
+	if _, err := os.Stat(conf); err != nil {
+		t.Fatal("a refused reset removed the CNI config")
+	}
+	// Forced: alone, there is nobody to hand over to.
+	res, err := cl.Reset(ctx, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Heir != "" || res.Dropped != 1 || !strings.Contains(res.Message, "nothing to hand over") || !strings.Contains(res.Message, "1 pod addresses dropped") {
+		t.Errorf("reset: %+v", res)
+	}
+	if len(r.resetCh) != 1 {
+		t.Error("the router was not told to tear down")
+	}
+	if _, err := os.Stat(conf); !os.IsNotExist(err) {
+		t.Errorf("the CNI config is still there: %v", err)
+	}
+	if _, err := cl.Allocate(ctx, api.AllocateRequest{Attachment: api.Attachment{ContainerID: "c2", IfName: "eth0"}}); !api.IsCode(err, api.CodeNotReady) {
+		t.Errorf("allocate after reset: %v", err)
+	}
+	if got := r.Report().IPAM.Status; got != "left the cluster (weft reset)" {
+		t.Errorf("status: %q", got)
+	}
+}
+
+func TestFoundAddrs(t *testing.T) {
+	pods := netip.MustParsePrefix("10.32.0.0/12")
+	a := func(s string) netip.Addr { return netip.MustParseAddr(s) }
+	seen := bridgeSeen{
+		Ports: 2,
+		Addrs: []netip.Prefix{netip.MustParsePrefix("192.168.1.1/24"), netip.MustParsePrefix("10.32.0.1/12")},
+		Neighbors: []netip.Addr{
+			a("10.32.0.5"), a("10.32.0.1"), a("10.32.0.0"), a("10.47.255.255"), a("10.48.0.1"), a("192.168.1.7"),
+			netip.AddrFrom16(a("10.32.0.6").As16()),
+		},
+	}
+	got := foundAddrs("weft", pods, seen)
+	rk := func(s string) ipalloc.Key {
+		ad, _ := ipalloc.AddressFrom(a(s))
+		return ipalloc.ReclaimedKey("weft", ad)
+	}
+	want := map[ipalloc.Key]netip.Addr{
+		ipalloc.GatewayKey("weft"): a("10.32.0.1"),
+		rk("10.32.0.5"):            a("10.32.0.5"),
+		rk("10.32.0.6"):            a("10.32.0.6"),
+	}
+	if len(got) != len(want) {
+		t.Fatalf("foundAddrs = %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s: %s, want %s", k, got[k], v)
+		}
+	}
+	seen.Ports = 0
+	if got := foundAddrs("weft", pods, seen); len(got) != 0 {
+		t.Errorf("a bridge without ports: %v", got)
+	}
+}
+
+func TestLocalAPIReleaseReclaimed(t *testing.T) {
+	r, cl := newTestRouter(t, "10.32.0.0/24")
+	r.setReady(true, "")
+	ctx := context.Background()
+	pod := netip.MustParseAddr("10.32.0.40")
+	ad, _ := ipalloc.AddressFrom(pod)
+	if err := r.ipam.HoldFound(map[ipalloc.Key]netip.Addr{ipalloc.ReclaimedKey("weft", ad): pod}); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Report().IPAM.Allocations; len(got) != 1 || got[0].Address != "10.32.0.40" {
+		t.Errorf("report: %+v", got)
+	}
+	att := api.Attachment{ContainerID: "old", IfName: "eth0"}
+	if _, err := cl.ReleaseWithPrev(ctx, att, "not-an-ip"); !api.IsCode(err, api.CodeInvalid) {
+		t.Errorf("bad address: %v", err)
+	}
+	rel, err := cl.ReleaseWithPrev(ctx, att, "10.32.0.40/24")
+	if err != nil || !rel.Released || rel.Address != "10.32.0.40" {
+		t.Fatalf("release with prev: %+v, %v", rel, err)
+	}
+	if r.ipam.Stats().Allocated != 0 {
+		t.Error("the re-claimed address is still held")
+	}
+	// A held attachment is released as usual; prev is then ignored.
+	a, err := cl.Allocate(ctx, api.AllocateRequest{Attachment: att})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rel, err := cl.ReleaseWithPrev(ctx, att, "10.32.0.99"); err != nil || !rel.Released || rel.Address+"/24" != a.Address {
+		t.Errorf("release: %+v, %v (had %s)", rel, err, a.Address)
+	}
+}
+
+func TestWriteIPAMReclaims(t *testing.T) {
+	var rep Report
+	rep.IPAM.Owners = []OwnerReport{{Peer: "a", Nickname: "n0", Size: 64, Percent: 100, Reach: true}}
+	rep.IPAM.Reclaims = map[string][]string{"d": {"b", "c"}}
+	var b strings.Builder
+	WriteIPAM(&b, rep)
+	if !strings.Contains(b.String(), "removing d: waiting for b, c to stop listening to it") {
+		t.Errorf("WriteIPAM:\n%s", b.String())
+	}
+}
