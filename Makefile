@@ -60,6 +60,7 @@ bench: deps build
 	$(GO) run ./mesh/cmd/meshbench -n 10,50,100 -loss 0,0.1 -runs 5 -idle 30s
 	$(GO) run ./tunnel/cmd/tunnelbench
 	$(GO) test -run '^$$' -bench . -benchmem ./ipalloc/
+	$(GO) test -run '^$$' -bench LocalAPIAllocate -benchtime 2000x ./router/
 
 clean:
 	rm -rf $(BIN)
