@@ -91,14 +91,8 @@ type offloadQueue struct {
 	rerr  error
 	readF func(fd uintptr) bool
 
-	wmu    sync.Mutex // guards the write side
-	wbuf   []byte     // a coalesced super-packet
-	wbufs  [][]byte
-	woff   int
-	wn     int
-	wfail  int
-	werr   error
-	writeF func(fd uintptr) bool
+	batchWriter
+	wbuf []byte // a coalesced super-packet; guarded by batchWriter.wmu
 }
 
 func (q *offloadQueue) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
@@ -180,19 +174,7 @@ func (q *offloadQueue) Write(bufs [][]byte, offset int) (int, error) {
 	if offset < VirtioNetHdrLen {
 		return 0, fmt.Errorf("tun write: offset %d leaves no room for the %d-byte virtio_net_hdr", offset, VirtioNetHdrLen)
 	}
-	q.wmu.Lock()
-	defer q.wmu.Unlock()
-	q.wbufs, q.woff, q.wn, q.wfail, q.werr = bufs, offset, 0, 0, nil
-	err := q.rc.Write(q.writeF)
-	n, fail, werr := q.wn, q.wfail, q.werr
-	q.wbufs = nil
-	if err != nil {
-		return n, closedOr(err)
-	}
-	if fail > 0 {
-		return n, &WriteError{Failed: fail, Err: werr}
-	}
-	return n, nil
+	return q.flush(q.rc, bufs, offset)
 }
 
 // writeRuns writes the pending packets, each run of segments of one TCP

@@ -156,6 +156,13 @@ type queue struct {
 	rerr    error
 	readF   func(fd uintptr) bool
 
+	batchWriter
+}
+
+// batchWriter is the write side shared by both kinds of queue: one batch at
+// a time is handed to writeF through the raw conn, which records how far it
+// got and what failed.
+type batchWriter struct {
 	wmu    sync.Mutex // guards the write state below
 	wbufs  [][]byte
 	woff   int
@@ -163,6 +170,23 @@ type queue struct {
 	wfail  int
 	werr   error
 	writeF func(fd uintptr) bool
+}
+
+// flush writes bufs (packets starting at offset) through rc with writeF.
+func (w *batchWriter) flush(rc syscall.RawConn, bufs [][]byte, offset int) (int, error) {
+	w.wmu.Lock()
+	defer w.wmu.Unlock()
+	w.wbufs, w.woff, w.wn, w.wfail, w.werr = bufs, offset, 0, 0, nil
+	err := rc.Write(w.writeF)
+	n, fail, werr := w.wn, w.wfail, w.werr
+	w.wbufs = nil
+	if err != nil {
+		return n, closedOr(err)
+	}
+	if fail > 0 {
+		return n, &WriteError{Failed: fail, Err: werr}
+	}
+	return n, nil
 }
 
 func (q *queue) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
@@ -200,19 +224,7 @@ func (q *queue) readBatch(fd uintptr) bool {
 }
 
 func (q *queue) Write(bufs [][]byte, offset int) (int, error) {
-	q.wmu.Lock()
-	defer q.wmu.Unlock()
-	q.wbufs, q.woff, q.wn, q.wfail, q.werr = bufs, offset, 0, 0, nil
-	err := q.rc.Write(q.writeF)
-	n, fail, werr := q.wn, q.wfail, q.werr
-	q.wbufs = nil
-	if err != nil {
-		return n, closedOr(err)
-	}
-	if fail > 0 {
-		return n, &WriteError{Failed: fail, Err: werr}
-	}
-	return n, nil
+	return q.flush(q.rc, bufs, offset)
 }
 
 func (q *queue) writeBatch(fd uintptr) bool {
