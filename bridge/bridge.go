@@ -253,11 +253,18 @@ type sysctlSetting struct {
 	Want string
 }
 
-// sysctls are the sysctls the bridge needs. proxy_arp is deliberately not
-// among them (a later issue decides).
+// sysctls are the sysctls the bridge needs. Pods hold addresses with the
+// prefix length of the whole pod range, so they ARP for remote pods as if
+// they were on the bridge: proxy ARP makes the node answer for every
+// address it routes elsewhere (the remote ranges, routed into the tunnel),
+// at once rather than after the default random delay of up to 0.8 s. Local
+// pods answer for themselves: the kernel never proxies for an address that
+// is routed back out of the interface the request came in on.
 func sysctls(bridge string) []sysctlSetting {
 	return []sysctlSetting{
 		{Key: "net/ipv4/ip_forward", Want: "1"},
 		{Key: "net/ipv4/conf/" + bridge + "/forwarding", Want: "1"},
+		{Key: "net/ipv4/conf/" + bridge + "/proxy_arp", Want: "1"},
+		{Key: "net/ipv4/neigh/" + bridge + "/proxy_delay", Want: "0"},
 	}
 }

@@ -202,9 +202,9 @@ func (e *env) checkBridge(t *testing.T) netlink.Link {
 	if addrs := e.addrs(t, l); !slices.Contains(addrs, e.cfg.Gateway) {
 		t.Errorf("addresses = %v, want %s among them", addrs, e.cfg.Gateway)
 	}
-	for _, key := range []string{"net/ipv4/ip_forward", "net/ipv4/conf/" + e.name + "/forwarding"} {
-		if got := e.sysctl(t, key); got != "1" {
-			t.Errorf("sysctl %s = %q, want 1", key, got)
+	for _, s := range sysctls(e.name) {
+		if got := e.sysctl(t, s.Key); got != s.Want {
+			t.Errorf("sysctl %s = %q, want %s", s.Key, got, s.Want)
 		}
 	}
 	e.checkNFT(t)
@@ -398,6 +398,12 @@ func TestEnsureRepairs(t *testing.T) {
 			name: "bridge forwarding off",
 			breakIt: func(t *testing.T, e *env, br netlink.Link) {
 				e.sysctl(t, "net/ipv4/conf/"+e.name+"/forwarding", "0")
+			},
+		},
+		{
+			name: "proxy ARP off",
+			breakIt: func(t *testing.T, e *env, br netlink.Link) {
+				e.sysctl(t, "net/ipv4/conf/"+e.name+"/proxy_arp", "0")
 			},
 		},
 		{

@@ -16,15 +16,17 @@ type DemoOptions struct {
 	Nodes int  // nodes in the cluster
 	Pods  int  // pods per node
 	Keep  bool // stay up until ctx ends, for poking around
+	// Encap is the routers' --encap (udp, ipip, auto); empty = their default.
+	Encap string
 	Out   io.Writer
 	Log   *slog.Logger // the harness's own log (quiet by default)
 	// BinDir is where the weft binaries are; empty = FindBinDir.
 	BinDir string
 }
 
-// MaxDemoNodes is how many nodes the demo runs until the mesh and the data
-// plane make a multi-node cluster mean something.
-const MaxDemoNodes = 1
+// MaxDemoNodes is the most nodes the demo builds (the underlay is one
+// /24 and every node runs a router: a few dozen fit on a laptop).
+const MaxDemoNodes = 50
 
 // Demo builds a cluster in network namespaces, starts a router in every
 // node, attaches pods through the CNI plugin, prints the ping matrix and
@@ -32,7 +34,7 @@ const MaxDemoNodes = 1
 // ctx is cancelled (Ctrl-C). It returns an error if any ping failed.
 func Demo(ctx context.Context, o DemoOptions) (err error) {
 	if o.Nodes < 1 || o.Nodes > MaxDemoNodes {
-		return fmt.Errorf("--nodes %d: this build runs at most %d node(s); a multi-node cluster needs the mesh and the data plane, which are not in it yet", o.Nodes, MaxDemoNodes)
+		return fmt.Errorf("--nodes %d: give 1 to %d nodes", o.Nodes, MaxDemoNodes)
 	}
 	if o.Pods < 1 || o.Pods > 50 {
 		return fmt.Errorf("--pods %d: give 1 to 50 pods per node", o.Pods)
@@ -61,9 +63,17 @@ func Demo(ctx context.Context, o DemoOptions) (err error) {
 	if err != nil {
 		return err
 	}
+	var peers []string
 	for _, n := range c.Nodes {
-		step("starting weft router on %s (namespace %s, %s)", n.Name, n.NS, n.UnderlayIP)
-		if _, err := n.StartRouter(); err != nil {
+		peers = append(peers, n.UnderlayIP.String())
+	}
+	args := []string{"--peers", strings.Join(peers, ",")} // as a DaemonSet's peer list
+	if o.Encap != "" {
+		args = append(args, "--encap", o.Encap)
+	}
+	for _, n := range c.Nodes {
+		step("starting weft router on %s (namespace %s, %s): weft router %s", n.Name, n.NS, n.UnderlayIP, strings.Join(args, " "))
+		if _, err := n.StartRouter(args...); err != nil {
 			return err
 		}
 	}
@@ -95,22 +105,28 @@ func Demo(ctx context.Context, o DemoOptions) (err error) {
 	}
 	tw.Flush()
 
-	step("ping matrix (row pings column):")
+	step("ping matrix (row pings column; pods on other nodes are reached through the tunnel):")
 	m := PingMatrix(ctx, pods)
 	fmt.Fprint(out, indent(m.String(), "    "))
 	var failures []string
 	failures = append(failures, m.Failures()...)
 	for _, p := range pods {
-		if err := Ping(ctx, p.NS, p.Gateway); err != nil {
-			failures = append(failures, fmt.Sprintf("%s -> gateway %s", p, p.Gateway))
+		for _, n := range c.Nodes {
+			gw, err := n.Gateway(ctx)
+			if err == nil {
+				err = Ping(ctx, p.NS, gw)
+			}
+			if err != nil {
+				failures = append(failures, fmt.Sprintf("%s -> node %s (%v)", p, n.Name, err))
+			}
 		}
 	}
 	if len(failures) == 0 {
-		step("every pod reached every other pod and its gateway")
+		step("every pod reached every other pod and every node's bridge")
 	}
 
 	for _, n := range c.Nodes {
-		for _, args := range [][]string{{"status"}, {"status", "ipam"}} {
+		for _, args := range [][]string{{"status"}, {"status", "ipam"}, {"status", "connections"}} {
 			step("weft %s   (on %s)", strings.Join(args, " "), n.Name)
 			text, err := n.Weft(ctx, args...)
 			if err != nil {

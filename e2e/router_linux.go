@@ -2,11 +2,13 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"sync"
@@ -271,4 +273,26 @@ func tailFile(path string, lines int) string {
 		return fmt.Sprintf("(log unreadable: %v)", err)
 	}
 	return lastLines(string(data), lines)
+}
+
+// Gateway is the address of the node's bridge (its first address from the
+// pod range), as the router reports it.
+func (n *Node) Gateway(ctx context.Context) (netip.Addr, error) {
+	data, err := n.HTTPGet(ctx, "/report")
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	var rep struct {
+		Router struct {
+			Gateway string `json:"gateway"`
+		} `json:"router"`
+	}
+	if err := json.Unmarshal(data, &rep); err != nil {
+		return netip.Addr{}, fmt.Errorf("e2e: %s's /report: %w", n.Name, err)
+	}
+	a, err := netip.ParseAddr(rep.Router.Gateway)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("e2e: %s has no gateway yet (%q)", n.Name, rep.Router.Gateway)
+	}
+	return a, nil
 }

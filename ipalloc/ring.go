@@ -164,6 +164,28 @@ func (r *Ring) Owned(peer PeerName) []Range {
 	return out
 }
 
+// OwnedRange is a range and its owner.
+type OwnedRange struct {
+	Range
+	Peer PeerName
+}
+
+// Ownership lists every range of the ring with its owner, in address
+// order, adjacent ranges of the same owner joined: what the data plane
+// routes by.
+func (r *Ring) Ownership() []OwnedRange {
+	var out []OwnedRange
+	for i, e := range r.Entries {
+		rg := r.rangeOf(i)
+		if n := len(out); n > 0 && out[n-1].Peer == e.Peer && out[n-1].End == rg.Start {
+			out[n-1].End = rg.End
+			continue
+		}
+		out = append(out, OwnedRange{Range: rg, Peer: e.Peer})
+	}
+	return out
+}
+
 // Owner returns the owner of a, or false when a is outside the universe or
 // the ring is empty.
 func (r *Ring) Owner(a Address) (PeerName, bool) {

@@ -172,6 +172,17 @@ func TestRingOwned(t *testing.T) {
 	}
 }
 
+func TestRingOwnership(t *testing.T) {
+	r := manualRing(0, "a", 4, "a", 8, "b", 12, "a", 14, "c")
+	want := []OwnedRange{{Range{0, 8}, "a"}, {Range{8, 12}, "b"}, {Range{12, 14}, "a"}, {Range{14, 16}, "c"}}
+	if got := r.Ownership(); !slices.Equal(got, want) {
+		t.Errorf("Ownership() = %v, want %v", got, want)
+	}
+	if got := NewRing(Range{0, 16}).Ownership(); got != nil {
+		t.Errorf("Ownership of the empty ring = %v, want nothing", got)
+	}
+}
+
 func TestRingOwner(t *testing.T) {
 	r := manualRing(0, "a", 4, "b", 15, "c")
 	r.Universe = Range{0, 16}

@@ -107,6 +107,8 @@ type Service struct {
 	tr      Transport
 	broken  error           // set when the state could not be saved nor reloaded
 	leaving []chan struct{} // callers of Leave waiting for the heir
+
+	ringChanged chan struct{} // signalled (coalesced) after a ring change is saved
 }
 
 // ErrBroken wraps every error of a service whose state could not be saved
@@ -141,7 +143,8 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 	s := &Service{
 		cfg: cfg, db: cfg.DB, log: cfg.Log, universe: cfg.Universe,
 		meta: map[Key]Meta{}, waiters: map[Key][]chan Answer{},
-		out: make(chan outgoing, 4096),
+		out:         make(chan outgoing, 4096),
+		ringChanged: make(chan struct{}, 1),
 	}
 	saved, err := cfg.DB.Get(bucketIPAM, keyUniverse)
 	if err != nil {
@@ -304,6 +307,12 @@ func (s *Service) flushLocked() error {
 			}
 			return err
 		}
+		if rd.Ring != nil {
+			select {
+			case s.ringChanged <- struct{}{}:
+			default:
+			}
+		}
 		if rd.Broadcast != nil {
 			s.queue(outgoing{broadcast: EncodeMsg(&RingMsg{Ring: rd.Broadcast})})
 		}
@@ -418,6 +427,11 @@ func (s *Service) persistLocked(rd Ready) error {
 		return nil
 	})
 }
+
+// RingChanged is signalled after each saved change of the ring (several
+// changes may come as one signal); read Snapshot for the ring itself. The
+// data plane re-derives its routes from it.
+func (s *Service) RingChanged() <-chan struct{} { return s.ringChanged }
 
 // Run ticks the core and sends its messages until ctx ends. tr may be nil
 // for a peer without a mesh.
@@ -736,6 +750,13 @@ func (s *Service) Snapshot() Snapshot {
 		snap.Allocations = append(snap.Allocations, Held{Allocation: al, Meta: s.meta[al.Key]})
 	}
 	return snap
+}
+
+// Ring returns a copy of the current ring.
+func (s *Service) Ring() *Ring {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.p.Ring()
 }
 
 // Stats returns the allocator's counts.

@@ -36,6 +36,7 @@ func (r *Router) startMesh(ctx context.Context) error {
 		AdvertiseAddr: host.String(),
 		Port:          r.cfg.Port,
 		DataPort:      r.cfg.DataPort,
+		Encaps:        r.encaps(),
 		Version:       Version,
 		Peers:         r.cfg.Peers,
 		Remembered:    remembered,

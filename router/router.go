@@ -43,6 +43,11 @@ type Router struct {
 	knownPeers []string      // as last saved
 	resetCh    chan struct{} // weft reset succeeded: tear down and exit
 
+	tunnel        *tunnel.Device // the data plane, set by Run
+	dataplaneKick chan struct{}
+	lastRanges    []tunnel.OwnedRange // as last applied, by routineDataplane only
+	lastResync    time.Time           // by routineDataplane only
+
 	mu       sync.Mutex
 	netState netState
 	ready    bool
@@ -51,9 +56,10 @@ type Router struct {
 
 // netState is what the router learnt about its node's network.
 type netState struct {
-	host    netip.Addr
-	mtu     int
-	gateway netip.Prefix
+	host        netip.Addr
+	mtu         int // the pod MTU
+	underlayMTU int
+	gateway     netip.Prefix
 }
 
 func (r *Router) net() netState {
@@ -82,7 +88,7 @@ func New(cfg *Validated, log *slog.Logger) (*Router, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Router{cfg: cfg, log: log, db: db, reason: "starting", resetCh: make(chan struct{}, 1)}
+	r := &Router{cfg: cfg, log: log, db: db, reason: "starting", resetCh: make(chan struct{}, 1), dataplaneKick: make(chan struct{}, 1)}
 	fail := func(err error) (*Router, error) { db.Close(); return nil, err }
 
 	r.name, err = db.PeerName(cfg.Name)
@@ -135,6 +141,10 @@ func (r *Router) Run(ctx context.Context) (runErr error) {
 		return err
 	}
 	r.reclaimFromBridge()
+	if err := r.openTunnel(); err != nil {
+		return err
+	}
+	defer r.tunnel.Close() // also when Run fails before the tunnel runs
 	if err := r.startMesh(ctx); err != nil {
 		return err
 	}
@@ -166,15 +176,22 @@ func (r *Router) Run(ctx context.Context) (runErr error) {
 
 	runCtx, stopRoutines := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
 	serve := func(name string, s *http.Server, ln net.Listener) {
 		defer wg.Done()
 		if err := s.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			errc <- fmt.Errorf("%s: %w", name, err)
 		}
 	}
-	wg.Add(5)
+	wg.Add(7)
 	go serve("local API", apiSrv, apiLn)
+	go func() {
+		defer wg.Done()
+		if err := r.tunnel.Run(runCtx); err != nil {
+			errc <- fmt.Errorf("data plane: %w", err)
+		}
+	}()
+	go func() { defer wg.Done(); r.routineDataplane(runCtx) }()
 	go serve("status server", statusSrv, statusLn)
 	go func() { defer wg.Done(); r.ipam.Run(runCtx, meshTransport{ch: r.ipamCh}) }()
 	go func() { defer wg.Done(); r.routineMembers(runCtx) }()
@@ -246,6 +263,11 @@ func (r *Router) teardown() error {
 	if err := bridge.Teardown("", r.cfg.Bridge, r.log); err != nil {
 		errs = append(errs, fmt.Errorf("weft reset: removing bridge %s: %w", r.cfg.Bridge, err))
 	}
+	// The TUN device went with the tunnel; a kernel IPIP device stays
+	// across restarts and is removed here.
+	if err := tunnel.RemoveKernelIPIP(tunnel.DefaultIPIPName); err != nil {
+		errs = append(errs, fmt.Errorf("weft reset: %w", err))
+	}
 	return errors.Join(errs...)
 }
 
@@ -270,7 +292,7 @@ func (r *Router) setupUnderlay() error {
 	}
 	r.log.Info("underlay", "host", host, "interface", ifName, "underlay-mtu", underMTU, "pod-mtu", mtu, "encap", r.cfg.Encap)
 	r.mu.Lock()
-	r.netState = netState{host: host, mtu: mtu}
+	r.netState = netState{host: host, mtu: mtu, underlayMTU: underMTU}
 	r.mu.Unlock()
 	return nil
 }
@@ -307,6 +329,7 @@ func (r *Router) routineSetup(ctx context.Context) error {
 	if err := r.ensureBridge(); err != nil {
 		return err
 	}
+	r.kickDataplane() // routes into the tunnel are sourced from the gateway
 	changed, err := installCNI(r.srcDir, r.cfg.CNIBinDir, r.cfg.CNIConfDir, r.cfg.Socket)
 	if err != nil {
 		r.setReady(false, "CNI plugin not installed: "+err.Error())

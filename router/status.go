@@ -37,6 +37,9 @@ type RouterReport struct {
 	Reason   string `json:"reason,omitempty"`
 	// Mesh is the peers, connections and targets of this peer.
 	Mesh mesh.Report `json:"mesh"`
+	// Connections are the mesh's connections with the data path to each
+	// peer (how traffic is encapsulated to it).
+	Connections []ConnReport `json:"connections"`
 }
 
 // IPAMReport describes the allocator.
@@ -98,6 +101,7 @@ func (r *Router) Report() Report {
 	}
 	if r.mesh != nil {
 		rep.Router.Mesh = r.mesh.Report()
+		rep.Router.Connections = r.connections()
 	} else {
 		rep.Router.Mesh = mesh.Report{Name: mesh.PeerName(r.name), Nickname: r.cfg.Nickname, PeerCount: 1}
 	}
@@ -194,6 +198,7 @@ func WriteStatus(w io.Writer, rep Report) {
 	line("Name", fmt.Sprintf("%s(%s)", rep.Router.Name, rep.Router.Nickname))
 	line("Host", rep.Router.Host)
 	line("Bridge", fmt.Sprintf("%s (gateway %s, pod MTU %d)", rep.Router.Bridge, rep.Router.Gateway, rep.Router.MTU))
+	line("Encapsulation", encapSummary(rep.Router.Encap, rep.Router.Connections))
 	line("Encryption", "disabled")
 	m := rep.Router.Mesh
 	line("Peers", fmt.Sprint(m.PeerCount))
@@ -210,6 +215,38 @@ func WriteStatus(w io.Writer, rep Report) {
 	line("Range", rep.IPAM.Range)
 	line("DefaultSubnet", rep.IPAM.DefaultSubnet)
 	fmt.Fprintln(w)
+}
+
+// encapSummary is the Encapsulation line of /status: the configured mode
+// and how many peers each data path serves, e.g. "auto (udp: 2 peers)".
+func encapSummary(configured string, conns []ConnReport) string {
+	counts := map[string]int{}
+	for _, c := range conns {
+		if c.Peer == "" {
+			continue
+		}
+		switch {
+		case c.Mode == "":
+			counts["no common mode"]++
+		case c.Kernel:
+			counts[c.Mode+" (kernel)"]++
+		default:
+			counts[c.Mode]++
+		}
+	}
+	if len(counts) == 0 {
+		return configured
+	}
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(counts)) {
+		n := counts[k]
+		unit := "peers"
+		if n == 1 {
+			unit = "peer"
+		}
+		parts = append(parts, fmt.Sprintf("%s: %d %s", k, n, unit))
+	}
+	return configured + " (" + strings.Join(parts, ", ") + ")"
 }
 
 // WriteIPAM writes the text of GET /status/ipam: one line per owner.
@@ -244,7 +281,9 @@ func (r *Router) statusHandler(loopbackOnly bool) http.Handler {
 	mux.HandleFunc("/status", text(WriteStatus))
 	mux.HandleFunc("/status/ipam", text(WriteIPAM))
 	mux.HandleFunc("/status/peers", r.meshText((*mesh.Mesh).WriteStatusPeers))
-	mux.HandleFunc("/status/connections", r.meshText((*mesh.Mesh).WriteStatusConnections))
+	mux.HandleFunc("/status/connections", r.meshText(func(_ *mesh.Mesh, w io.Writer) error {
+		return WriteConnections(w, r.connections())
+	}))
 	mux.HandleFunc("/report", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)

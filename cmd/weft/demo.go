@@ -12,11 +12,12 @@ import (
 )
 
 func cmdDemo(args []string) error {
-	o := e2e.DemoOptions{Nodes: 1, Pods: 3, Out: os.Stdout}
+	o := e2e.DemoOptions{Nodes: 3, Pods: 2, Out: os.Stdout}
 	fs := flag.NewFlagSet("weft demo", flag.ContinueOnError)
 	fs.IntVar(&o.Nodes, "nodes", o.Nodes, "nodes in the cluster")
 	fs.IntVar(&o.Pods, "pods", o.Pods, "pods per node")
 	fs.BoolVar(&o.Keep, "keep", false, "stay up until Ctrl-C, then clean up")
+	fs.StringVar(&o.Encap, "encap", "", "the routers' --encap: udp, ipip or auto (default: the routers' own, auto)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

@@ -1,0 +1,218 @@
+package router
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/netip"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/weft-net/weft/ipalloc"
+	"github.com/weft-net/weft/mesh"
+	"github.com/weft-net/weft/tunnel"
+)
+
+// dataplaneResync is how often the data plane re-applies its routes and
+// peers even when nothing was signalled, so that a route deleted by hand
+// comes back.
+const dataplaneResync = 30 * time.Second
+
+// openTunnel opens the data plane (the TUN device, the udp socket, IPIP)
+// before the mesh starts, so that the mesh can advertise what this node
+// can do.
+func (r *Router) openTunnel() error {
+	ns := r.net()
+	listen := netip.AddrPortFrom(netip.IPv4Unspecified(), uint16(r.cfg.DataPort))
+	if isLocalAddr(ns.host) {
+		listen = netip.AddrPortFrom(ns.host, uint16(r.cfg.DataPort)) // data only on the underlay
+	}
+	d, err := tunnel.New(tunnel.Config{
+		Self:        r.name,
+		Mode:        r.cfg.Encap,
+		MTU:         ns.mtu,
+		UnderlayMTU: ns.underlayMTU,
+		Underlay:    ns.host,
+		Listen:      listen,
+		Logger:      r.log,
+		Registerer:  r.metrics.reg,
+	})
+	if err != nil {
+		return fmt.Errorf("data plane: %w", err)
+	}
+	r.tunnel = d
+	return nil
+}
+
+// encaps is what the mesh advertises: the modes this node can receive.
+func (r *Router) encaps() []string {
+	var out []string
+	for _, m := range r.tunnel.Encaps() {
+		out = append(out, string(m))
+	}
+	return out
+}
+
+// kickDataplane makes routineDataplane resynchronise now.
+func (r *Router) kickDataplane() {
+	select {
+	case r.dataplaneKick <- struct{}{}:
+	default:
+	}
+}
+
+// routineDataplane keeps the tunnel's peers and routes in step with the
+// mesh (who is where, and what it can do) and the ring (who owns what).
+// Routes wait for the bridge's gateway: it is their source address.
+func (r *Router) routineDataplane(ctx context.Context) {
+	events, unsubscribe := r.mesh.Subscribe(256)
+	defer unsubscribe()
+	t := time.NewTicker(dataplaneResync)
+	defer t.Stop()
+	for {
+		r.syncPeers()
+		r.syncRing()
+		select {
+		case <-ctx.Done():
+			return
+		case <-events:
+		case <-r.ipam.RingChanged():
+		case <-r.dataplaneKick:
+		case <-t.C:
+		}
+	}
+}
+
+// tunnelPeers turns the mesh's view into the tunnel's peers: every peer
+// that has not left, with a readable record (an unreachable peer keeps its
+// ranges, and the data path to it may still work).
+func tunnelPeers(peers []mesh.Peer) []tunnel.Peer {
+	var out []tunnel.Peer
+	for _, p := range peers {
+		if p.Self || p.State == mesh.StateLeft || p.MetaError != "" || !p.Addr.IsValid() {
+			continue
+		}
+		out = append(out, tunnel.Peer{
+			Name:     string(p.Name),
+			Underlay: p.Addr.Addr(),
+			DataPort: p.DataPort,
+			Encaps:   tunnel.ParseEncaps(p.Meta.Encaps),
+		})
+	}
+	return out
+}
+
+func (r *Router) syncPeers() {
+	if err := r.tunnel.SetPeers(tunnelPeers(r.mesh.Peers())); err != nil {
+		r.log.Error("data plane: updating peers", "err", err)
+	}
+}
+
+// ownedRanges turns the ring into the tunnel's routing table.
+func ownedRanges(ring *ipalloc.Ring) []tunnel.OwnedRange {
+	var out []tunnel.OwnedRange
+	for _, o := range ring.Ownership() {
+		if o.Size() == 0 {
+			continue
+		}
+		out = append(out, tunnel.OwnedRange{
+			First: o.Start.Addr(),
+			Last:  (o.End - 1).Addr(),
+			Peer:  string(o.Peer),
+		})
+	}
+	return out
+}
+
+func (r *Router) syncRing() {
+	gw := r.net().gateway
+	if !gw.IsValid() {
+		return // no bridge address yet to source routes from
+	}
+	ranges := ownedRanges(r.ipam.Ring())
+	if slices.Equal(ranges, r.lastRanges) && !r.resyncDue() {
+		return
+	}
+	if err := r.tunnel.SetRing(ranges, gw.Addr()); err != nil {
+		r.log.Error("data plane: applying the ring's routes", "err", err)
+		r.lastRanges = nil // try again on the next round
+		return
+	}
+	r.lastRanges = ranges
+	r.lastResync = time.Now()
+}
+
+// resyncDue reports whether the routes were last applied long enough ago
+// to check them against the kernel again.
+func (r *Router) resyncDue() bool {
+	return time.Since(r.lastResync) >= dataplaneResync
+}
+
+// ConnReport is one line of /status/connections: the mesh connection and
+// the data path to the same peer.
+type ConnReport struct {
+	mesh.Connection
+	// Mode is how data is sent to the peer: udp, ipip or "" (none).
+	Mode      string `json:"mode,omitempty"`
+	Kernel    bool   `json:"kernel,omitempty"`
+	DataError string `json:"dataError,omitempty"`
+}
+
+// connections joins the mesh's connections with the tunnel's data paths.
+func (r *Router) connections() []ConnReport {
+	var paths map[string]tunnel.Connection
+	if r.tunnel != nil {
+		paths = map[string]tunnel.Connection{}
+		for _, c := range r.tunnel.Connections() {
+			paths[c.Peer] = c
+		}
+	}
+	var out []ConnReport
+	for _, c := range r.mesh.Report().Connections {
+		cr := ConnReport{Connection: c}
+		if p, ok := paths[string(c.Peer)]; ok && c.Peer != "" {
+			cr.Mode, cr.Kernel, cr.DataError = string(p.Mode), p.Kernel, p.Error
+		}
+		out = append(out, cr)
+	}
+	return out
+}
+
+// WriteConnections writes the text of GET /status/connections, one line
+// per connection:
+//
+//	-> address  established|failed  state  data-path  name(nickname)  [error]
+//
+// where data-path is udp, ipip (kernel), ipip (userspace) or "-" when no
+// data can be sent to the peer.
+func WriteConnections(w io.Writer, conns []ConnReport) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for _, c := range conns {
+		who, state, mode := "-", c.State, "-"
+		if c.Peer != "" {
+			who = fmt.Sprintf("%s(%s)", c.Peer, c.Nick)
+		}
+		if state == "" {
+			state = "-"
+		}
+		switch {
+		case c.Mode == string(tunnel.ModeIPIP) && c.Kernel:
+			mode = "ipip (kernel)"
+		case c.Mode == string(tunnel.ModeIPIP):
+			mode = "ipip (userspace)"
+		case c.Mode != "":
+			mode = c.Mode
+		}
+		errs := []string{}
+		if c.Error != "" {
+			errs = append(errs, c.Error)
+		}
+		if c.DataError != "" {
+			errs = append(errs, "data: "+c.DataError)
+		}
+		fmt.Fprintf(tw, "-> %s\t%s\t%s\t%s\t%s\t%s\n", c.Address, c.Outcome, state, mode, who, strings.Join(errs, "; "))
+	}
+	return tw.Flush()
+}
