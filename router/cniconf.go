@@ -34,11 +34,14 @@ func ConfList(socket string) ([]byte, error) {
 	return json.MarshalIndent(conf, "", "  ")
 }
 
-// installCNI copies the plugins into binDir and then writes the conflist:
-// a runtime that sees the conflist finds the plugins already in place.
-func installCNI(srcDir, binDir, confDir, socket string) (changed []string, err error) {
+// InstallPlugins copies weft-cni and portmap from srcDir (beside the weft
+// binary) into binDir, each atomically (a runtime never runs a half-written
+// plugin) and only when it differs. It returns the files it changed. The
+// DaemonSet's init container runs it (weft install-cni), so that the
+// plugins are in place before the router writes the conflist.
+func InstallPlugins(srcDir, binDir string) (changed []string, err error) {
 	if err := os.MkdirAll(binDir, 0o755); err != nil {
-		return nil, fmt.Errorf("creating --cni-bin-dir: %w", err)
+		return nil, fmt.Errorf("creating the CNI binary directory %s: %w", binDir, err)
 	}
 	for _, p := range cniPlugins {
 		src := filepath.Join(srcDir, p)
@@ -48,11 +51,21 @@ func installCNI(srcDir, binDir, confDir, socket string) (changed []string, err e
 		}
 		ok, err := writeIfChanged(filepath.Join(binDir, p), data, 0o755)
 		if err != nil {
-			return nil, fmt.Errorf("installing %s into --cni-bin-dir: %w", p, err)
+			return nil, fmt.Errorf("installing %s into %s: %w", p, binDir, err)
 		}
 		if ok {
 			changed = append(changed, filepath.Join(binDir, p))
 		}
+	}
+	return changed, nil
+}
+
+// installCNI copies the plugins into binDir and then writes the conflist:
+// a runtime that sees the conflist finds the plugins already in place.
+func installCNI(srcDir, binDir, confDir, socket string) (changed []string, err error) {
+	changed, err = InstallPlugins(srcDir, binDir)
+	if err != nil {
+		return nil, err
 	}
 	if err := os.MkdirAll(confDir, 0o755); err != nil {
 		return nil, fmt.Errorf("creating --cni-conf-dir: %w", err)

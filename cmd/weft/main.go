@@ -14,6 +14,8 @@ var commands = map[string]func(args []string) error{
 	"demo":    cmdDemo,
 	"rmpeer":  cmdRmpeer,
 	"reset":   cmdReset,
+
+	"install-cni": cmdInstallCNI,
 }
 
 const usage = `usage: weft <command> [flags]
@@ -24,6 +26,8 @@ commands:
   rmpeer    take over the ranges of a peer that is gone for good: weft rmpeer NAME
   reset     take this node out of the cluster: hand its ranges to a live peer,
             remove its bridge, CNI config and state, stop its router: weft reset [--force]
+  install-cni  copy weft-cni and portmap from beside this binary into a directory:
+            weft install-cni /opt/cni/bin (the DaemonSet's init container runs it)
   demo      build a local cluster in network namespaces and show it working
   version   print the version
 
