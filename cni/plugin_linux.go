@@ -149,7 +149,10 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 
 	ctx, cancel := p.context()
 	defer cancel()
-	rel, err := api.NewClient(conf.Socket).Release(ctx, att)
+	// With the address of the prevResult, the router can also free an
+	// address it only holds as re-claimed from its bridge (its state was
+	// lost while this pod lived).
+	rel, err := api.NewClient(conf.Socket).ReleaseWithPrev(ctx, att, prevAddress(conf))
 	switch {
 	case errors.Is(err, api.ErrUnreachable) || api.IsCode(err, api.CodeNotReady):
 		log.Info("interfaces removed, address not released", "err", err)
@@ -161,6 +164,24 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	}
 	log.Info("pod detached", "released", rel.Released, "address", rel.Address)
 	return nil
+}
+
+// prevAddress is the first IPv4 address of the prevResult, or "" when
+// there is none or it cannot be read (DEL must not fail on it).
+func prevAddress(conf *NetConf) string {
+	if conf.PrevResult == nil {
+		return ""
+	}
+	prev, err := current.NewResultFromResult(conf.PrevResult)
+	if err != nil {
+		return ""
+	}
+	for _, c := range prev.IPs {
+		if v4 := c.Address.IP.To4(); v4 != nil {
+			return v4.String()
+		}
+	}
+	return ""
 }
 
 // Check answers CHECK: the router still holds the attachment's address, the

@@ -366,15 +366,19 @@ func TestAddCheckDel(t *testing.T) {
 		t.Fatalf("CHECK without prevResult: %v", err)
 	}
 
-	// DEL removes everything and releases; again and again.
+	// DEL removes everything and releases, passing the prevResult's
+	// address along; again and again.
 	for i := range 2 {
-		if err := e.inNode(e.plugin.Del, args); err != nil {
+		if err := e.inNode(e.plugin.Del, check); err != nil {
 			t.Fatalf("DEL #%d: %v", i+1, err)
 		}
 		e.checkGone(id)
 		if _, ok := e.router.Allocation(att); ok {
 			t.Fatalf("DEL #%d left the allocation", i+1)
 		}
+	}
+	if prevs := e.router.ReleasePrevs(); len(prevs) != 2 || prevs[0] != "10.32.0.2" {
+		t.Errorf("DEL sent the prevResult addresses %q, want 10.32.0.2 twice", prevs)
 	}
 	if err := e.inNode(e.plugin.Check, check); err == nil || !strings.Contains(err.Error(), "holds no address") {
 		t.Fatalf("CHECK after DEL: %v", err)

@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 
@@ -30,6 +31,7 @@ type Router struct {
 	requests []api.AllocateRequest             // guarded by mu
 	next     netip.Addr                        // guarded by mu
 	gcValid  [][]api.Attachment                // guarded by mu
+	prevs    []string                          // address= of releases, guarded by mu
 
 	// NotReady, when not empty, makes the router answer "not ready" with
 	// this reason. Guarded by mu: change it through Set.
@@ -156,6 +158,7 @@ func (f *Router) release(w http.ResponseWriter, req *http.Request) {
 	defer f.mu.Unlock()
 	a, ok := f.allocs[att]
 	delete(f.allocs, att)
+	f.prevs = append(f.prevs, req.URL.Query().Get(api.QueryAddress))
 	writeJSON(w, http.StatusOK, api.ReleaseResponse{Released: ok, Address: a.Address})
 }
 
@@ -205,6 +208,14 @@ func (f *Router) Allocation(att api.Attachment) (api.Allocation, bool) {
 	defer f.mu.Unlock()
 	a, ok := f.allocs[att]
 	return a, ok
+}
+
+// ReleasePrevs lists the prevResult address (the address= query; "" when
+// none) of every release, in order.
+func (f *Router) ReleasePrevs() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.prevs)
 }
 
 // LastGC is the valid list of the last GC call, and how many calls there were.
