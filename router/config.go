@@ -4,11 +4,13 @@
 package router
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -36,6 +38,19 @@ type Config struct {
 	CNIBinDir    string // --cni-bin-dir
 	CNIConfDir   string // --cni-conf-dir
 	LogLevel     string // --log-level
+
+	// Security. The password itself is never a flag (it would show in the
+	// process list): it comes from --password-file or WEFT_PASSWORD.
+	PasswordFile   string // --password-file
+	Password       string `json:"-"` // WEFT_PASSWORD (cmd/weft reads it); never printed
+	TrustedSubnets string // --trusted-subnets: comma list of CIDRs
+
+	// Kubernetes.
+	Kube            bool   // --kube: discover peers from the Node list, reclaim deleted nodes
+	Kubeconfig      string // --kubeconfig: empty = in-cluster config
+	KubeAddressType string // --kube-address-type: InternalIP, ExternalIP, ...
+	NodeName        string // --node-name: this node's Node object (default $NODE_NAME, else the hostname)
+	KubeNamespace   string // --kube-namespace: where weft's ConfigMap lives (default $POD_NAMESPACE, else kube-system)
 }
 
 // Defaults returns the documented defaults.
@@ -53,8 +68,15 @@ func Defaults() Config {
 		CNIBinDir:    "/opt/cni/bin",
 		CNIConfDir:   "/etc/cni/net.d",
 		LogLevel:     "info",
+
+		KubeAddressType: "InternalIP",
+		KubeNamespace:   "kube-system",
 	}
 }
+
+// MinPasswordLen is the shortest password accepted: the keys derived from
+// it protect every node's traffic.
+const MinPasswordLen = 12
 
 // InitMode is how the first claim of the ring is made.
 type InitMode struct {
@@ -118,6 +140,10 @@ type Validated struct {
 	Host     netip.Addr // zero: detect from the default route
 	Peers    []string
 	Level    slog.Level
+	// Password is the shared secret (from --password-file or
+	// WEFT_PASSWORD); nil means no encryption.
+	Password       []byte
+	TrustedSubnets []netip.Prefix
 }
 
 // Validate checks every option and returns them parsed; the error names the
@@ -177,10 +203,67 @@ func (c Config) Validate() (*Validated, error) {
 	if err := validateIfName(c.Bridge); err != nil {
 		add(fmt.Errorf("invalid --bridge %q: %w", c.Bridge, err))
 	}
+	v.Password, err = c.password()
+	add(err)
+	for _, s := range strings.Split(c.TrustedSubnets, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(s)
+		if err != nil || !p.Addr().Is4() {
+			add(fmt.Errorf("invalid --trusted-subnets entry %q: give IPv4 CIDRs, e.g. 10.0.0.0/16,192.168.1.0/24", s))
+			continue
+		}
+		v.TrustedSubnets = append(v.TrustedSubnets, p.Masked())
+	}
+	if c.Kube {
+		switch c.KubeAddressType {
+		case "InternalIP", "ExternalIP", "Hostname", "InternalDNS", "ExternalDNS":
+		default:
+			add(fmt.Errorf("invalid --kube-address-type %q: use InternalIP (the default), ExternalIP, Hostname, InternalDNS or ExternalDNS", c.KubeAddressType))
+		}
+		if c.Kubeconfig != "" && !filepath.IsAbs(c.Kubeconfig) {
+			add(fmt.Errorf("invalid --kubeconfig %q: give an absolute path (or none, in a cluster)", c.Kubeconfig))
+		}
+		if c.NodeName == "" {
+			add(errors.New("--kube needs this node's name: set --node-name or NODE_NAME (the DaemonSet sets it from spec.nodeName)"))
+		}
+		if c.KubeNamespace == "" {
+			add(errors.New("--kube needs --kube-namespace (or POD_NAMESPACE): where weft keeps its ConfigMap"))
+		}
+	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
 	return v, nil
+}
+
+// password reads the shared secret: from --password-file (trailing line
+// breaks trimmed, as an editor or `echo` leaves them), or from
+// WEFT_PASSWORD. Giving both is an error, so that nobody wonders which won.
+func (c Config) password() ([]byte, error) {
+	var pw []byte
+	switch {
+	case c.PasswordFile != "" && c.Password != "":
+		return nil, errors.New("both --password-file and WEFT_PASSWORD are set: give only one")
+	case c.PasswordFile != "":
+		data, err := os.ReadFile(c.PasswordFile)
+		if err != nil {
+			return nil, fmt.Errorf("reading --password-file: %w", err)
+		}
+		pw = bytes.TrimRight(data, "\r\n")
+		if len(pw) == 0 {
+			return nil, fmt.Errorf("--password-file %s is empty: put the cluster's password in it (the same on every node)", c.PasswordFile)
+		}
+	case c.Password != "":
+		pw = []byte(c.Password)
+	default:
+		return nil, nil
+	}
+	if len(pw) < MinPasswordLen {
+		return nil, fmt.Errorf("the password is %d bytes long; give at least %d (e.g. `openssl rand -base64 24`)", len(pw), MinPasswordLen)
+	}
+	return pw, nil
 }
 
 func checkPort(flag string, p int) error {
@@ -214,8 +297,16 @@ func validateIfName(n string) error {
 }
 
 // Options is the map that the start-up line prints: every option in effect.
+// The password never appears: only whether there is one.
 func (c Config) Options() map[string]string {
+	pw := ""
+	if c.Password != "" || c.PasswordFile != "" {
+		pw = "<redacted>"
+	}
 	return map[string]string{
+		"password": pw, "password-file": c.PasswordFile, "trusted-subnets": c.TrustedSubnets,
+		"kube": strconv.FormatBool(c.Kube), "kubeconfig": c.Kubeconfig, "kube-address-type": c.KubeAddressType,
+		"node-name": c.NodeName, "kube-namespace": c.KubeNamespace,
 		"name": c.Name, "nickname": c.Nickname, "host": c.Host,
 		"port": strconv.Itoa(c.Port), "data-port": strconv.Itoa(c.DataPort),
 		"peers": c.Peers, "ipalloc-range": c.IPAllocRange, "ipalloc-init": c.IPAllocInit,

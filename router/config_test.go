@@ -1,6 +1,8 @@
 package router
 
 import (
+	"fmt"
+	"os"
 	"strings"
 	"testing"
 )
@@ -37,6 +39,13 @@ func TestValidate(t *testing.T) {
 		{"bridge name too long", func(c *Config) { c.Bridge = "a-very-long-bridge" }, "--bridge"},
 		{"name with space", func(c *Config) { c.Name = "a b" }, "--name"},
 		{"http addr", func(c *Config) { c.HTTPAddr = "6784" }, "--http-addr"},
+		{"password file missing", func(c *Config) { c.PasswordFile = "/nonexistent/pw" }, "--password-file"},
+		{"password short", func(c *Config) { c.Password = "short" }, "at least 12"},
+		{"password twice", func(c *Config) { c.Password = "a-long-enough-pw"; c.PasswordFile = "/etc/hostname" }, "only one"},
+		{"trusted subnet", func(c *Config) { c.TrustedSubnets = "10.0.0.0/8,nonsense" }, "--trusted-subnets"},
+		{"kube address type", func(c *Config) { c.Kube, c.NodeName, c.KubeAddressType = true, "n1", "Internal" }, "--kube-address-type"},
+		{"kube without node", func(c *Config) { c.Kube, c.NodeName = true, "" }, "NODE_NAME"},
+		{"kubeconfig relative", func(c *Config) { c.Kube, c.NodeName, c.Kubeconfig = true, "n1", "kube.conf" }, "--kubeconfig"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := validConfig(t)
@@ -46,6 +55,41 @@ func TestValidate(t *testing.T) {
 				t.Fatalf("Validate() = %v, want an error containing %q", err, tc.want)
 			}
 		})
+	}
+}
+
+func TestPassword(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, data string) string {
+		p := dir + "/" + name
+		if err := os.WriteFile(p, []byte(data), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	c := validConfig(t)
+	c.PasswordFile = write("pw", "correct horse battery\n")
+	v, err := c.Validate()
+	if err != nil || string(v.Password) != "correct horse battery" {
+		t.Fatalf("Validate() = %q, %v; want the file's password without its line break", v.Password, err)
+	}
+	if opts := c.Options(); opts["password"] != "<redacted>" || strings.Contains(fmt.Sprint(opts), "horse") {
+		t.Fatalf("options line shows %v", opts)
+	}
+	c.PasswordFile = write("empty", "\n")
+	if _, err := c.Validate(); err == nil || !strings.Contains(err.Error(), "is empty") {
+		t.Fatalf("empty password file: %v", err)
+	}
+	c.PasswordFile, c.Password = "", "from the environment"
+	if v, err := c.Validate(); err != nil || string(v.Password) != "from the environment" {
+		t.Fatalf("WEFT_PASSWORD: %q, %v", v.Password, err)
+	}
+	if strings.Contains(fmt.Sprint(c.Options()), "environment") {
+		t.Fatal("options line shows the password")
+	}
+	c.Password = ""
+	if v, err := c.Validate(); err != nil || v.Password != nil || c.Options()["password"] != "" {
+		t.Fatalf("no password: %q, %v", v.Password, err)
 	}
 }
 
@@ -70,7 +114,7 @@ func TestOptionsHaveEveryFlagAndRange(t *testing.T) {
 	if opts["ipalloc-range"] != "10.32.0.0/12" {
 		t.Fatalf("options line lacks ipalloc-range: %v", opts)
 	}
-	if len(opts) != 17 {
+	if len(opts) != 25 {
 		t.Fatalf("options has %d entries; a new flag must be added to Options()", len(opts))
 	}
 }

@@ -35,6 +35,20 @@ func routerFlags(fs *flag.FlagSet, c *router.Config) {
 	fs.StringVar(&c.CNIBinDir, "cni-bin-dir", c.CNIBinDir, "where to install the CNI plugins")
 	fs.StringVar(&c.CNIConfDir, "cni-conf-dir", c.CNIConfDir, "where to write the CNI network config")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
+	fs.StringVar(&c.PasswordFile, "password-file", c.PasswordFile, "file holding the cluster's shared password (or set WEFT_PASSWORD); without one, traffic between nodes is not encrypted")
+	fs.StringVar(&c.TrustedSubnets, "trusted-subnets", c.TrustedSubnets, "comma-separated CIDRs of underlay networks whose peers get unencrypted data traffic")
+	fs.BoolVar(&c.Kube, "kube", c.Kube, "run as a Kubernetes DaemonSet: peers from the Node list, reclaim of deleted nodes, the first claim recorded in a ConfigMap")
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", c.Kubeconfig, "kubeconfig for --kube outside a cluster (default: the in-cluster config)")
+	fs.StringVar(&c.KubeAddressType, "kube-address-type", c.KubeAddressType, "which Node address peers use: InternalIP, ExternalIP, ...")
+	c.NodeName = os.Getenv("NODE_NAME")
+	if c.NodeName == "" {
+		c.NodeName = host
+	}
+	fs.StringVar(&c.NodeName, "node-name", c.NodeName, "this node's Node name for --kube (default: $NODE_NAME, else the hostname)")
+	if ns := os.Getenv("POD_NAMESPACE"); ns != "" {
+		c.KubeNamespace = ns
+	}
+	fs.StringVar(&c.KubeNamespace, "kube-namespace", c.KubeNamespace, "namespace of weft's ConfigMap for --kube (default: $POD_NAMESPACE, else kube-system)")
 }
 
 // envDefaults sets every flag not given on the command line from
@@ -67,6 +81,9 @@ func cmdRouter(args []string) error {
 	if err := envDefaults(fs); err != nil {
 		return err
 	}
+	// The password comes from the environment, never from a flag value
+	// that every user of the machine could read in the process list.
+	cfg.Password = os.Getenv("WEFT_PASSWORD")
 	v, err := cfg.Validate()
 	if err != nil {
 		return err
