@@ -178,6 +178,20 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 	return s, nil
 }
 
+// HasRing reports whether the state in db holds a claimed ring: a peer
+// that has one resumes it, whatever its first-claim mode says.
+func HasRing(db *state.DB) (bool, error) {
+	data, err := db.Get(bucketIPAM, keyRing)
+	if err != nil || len(data) == 0 {
+		return false, err
+	}
+	var r Ring
+	if err := json.Unmarshal(data, &r); err != nil {
+		return false, nil // NewService reports it
+	}
+	return !r.Empty(), nil
+}
+
 // load reads the hard state and the allocations' metadata, and builds the core.
 func (s *Service) load() error {
 	var hs HardState

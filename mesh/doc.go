@@ -9,6 +9,7 @@
 //		Name: name, Nickname: nick,             // state.DB.PeerName, --nickname
 //		BindAddr: host, Port: 6783,             // --host, --port
 //		DataPort: 6784, Encaps: []string{"udp"}, Version: version,
+//		SecretKey: keys.Gossip[:], PublicKey: dev.PublicKey(), // with a password (crypt.DeriveKeys)
 //		Peers: peers, Remembered: remembered,   // --peers, saved KnownPeers
 //		Logger: log, Registerer: reg,
 //	})
@@ -87,6 +88,16 @@
 //     name conflict.
 //   - TCPTimeout 5 s (memberlist: 10 s): bounds a join attempt on a
 //     black-holed address, and so Close; a 1000-peer push-pull is ~100 KB.
+//
+// # Authentication
+//
+// With Config.SecretKey (the gossip key derived from the password),
+// memberlist encrypts and authenticates every packet and stream
+// (AES-256-GCM, its keyring) and refuses the rest, so a peer with no or
+// another password cannot join. The memberlist errors that say so become
+// one warning per remote address a minute ("peer 10.0.0.9:6783 failed
+// authentication: wrong or missing password ...") and are counted in
+// weft_mesh_auth_failures_total (logadapter.go). See docs/security.md.
 //
 // See docs/mesh.md for the operator's view and docs/benchmarks.md for the
 // measurements (go run ./mesh/cmd/meshbench).

@@ -53,6 +53,7 @@ type Mesh struct {
 	now       func() time.Time
 	lookup    func(ctx context.Context, host string) ([]netip.Addr, error)
 	drops     rateLimiter
+	auth      *authFailures
 
 	dropMu     sync.Mutex
 	dropCounts map[string]uint64 // guarded by dropMu
@@ -111,6 +112,8 @@ func New(cfg Config) (*Mesh, error) {
 		subs:     map[*subscriber]struct{}{},
 	}
 	m.drops.every = time.Minute
+	m.auth = &authFailures{log: m.log, count: met.authFailures, now: func() time.Time { return m.now() }}
+	m.auth.limit.every = time.Minute
 	m.queue = &memberlist.TransmitLimitedQueue{
 		RetransmitMult: cfg.Timings.RetransmitMult,
 		NumNodes:       func() int { return int(m.numAlive.Load()) },
@@ -140,7 +143,7 @@ func New(cfg Config) (*Mesh, error) {
 			bind = "0.0.0.0"
 		}
 		nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{
-			BindAddrs: []string{bind}, BindPort: cfg.Port, Logger: memberlistLogger(m.log),
+			BindAddrs: []string{bind}, BindPort: cfg.Port, Logger: memberlistLogger(m.log, m.auth),
 		})
 		if err != nil {
 			return fail(fmt.Errorf("gossip port %d on %s (--port, TCP and UDP) is not available: %w; is another weft router or program using it? stop it or choose another --port", cfg.Port, bind, err))
@@ -242,7 +245,15 @@ func (m *Mesh) Start(ctx context.Context) error {
 	conf.Delegate = d
 	conf.Events = d
 	conf.Conflict = d
-	conf.Logger = memberlistLogger(m.log)
+	conf.Logger = memberlistLogger(m.log, m.auth)
+	if len(m.cfg.SecretKey) > 0 {
+		kr, err := memberlist.NewKeyring(nil, m.cfg.SecretKey)
+		if err != nil {
+			return fmt.Errorf("the gossip key: %w", err)
+		}
+		conf.Keyring = kr
+		conf.GossipVerifyIncoming, conf.GossipVerifyOutgoing = true, true
+	}
 
 	m.publishReport(false) // our first report, newer than any from a previous run
 	ml, err := memberlist.Create(conf)
@@ -250,7 +261,7 @@ func (m *Mesh) Start(ctx context.Context) error {
 		return fmt.Errorf("starting the gossip layer on %s: %w", m.advertise, err)
 	}
 	m.ml.Store(ml)
-	m.log.Info("mesh started", "name", m.cfg.Name, "nickname", m.cfg.Nickname, "address", m.advertise,
+	m.log.Info("mesh started", "name", m.cfg.Name, "nickname", m.cfg.Nickname, "address", m.advertise, "encrypted", len(m.cfg.SecretKey) > 0,
 		"targets", m.targetSpecs(), "gossip-interval", t.GossipInterval, "gossip-nodes", t.GossipNodes, "probe-interval", t.ProbeInterval)
 
 	ctx, m.cancel = context.WithCancel(ctx)

@@ -14,6 +14,8 @@ type metrics struct {
 	conflicts prometheus.Counter
 	badMeta   prometheus.Counter
 	joins     *prometheus.CounterVec // result
+
+	authFailures prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -45,6 +47,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "weft_mesh_join_attempts_total",
 			Help: "Attempts to join a target address, by result (ok, failed, unresolvable).",
 		}, []string{"result"}),
+		authFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "weft_mesh_auth_failures_total",
+			Help: "Gossip packets and streams refused because they were not encrypted with this peer's key: a peer with no or another password.",
+		}),
 	}
 	for _, s := range []PeerState{StateAlive, StateSuspect, StateUnreachable, StateLeft} {
 		m.peers.WithLabelValues(s.String())
@@ -82,5 +88,5 @@ func (m *metrics) unregister(reg prometheus.Registerer) {
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.peers, m.messages, m.bytes, m.dropped, m.conflicts, m.badMeta, m.joins}
+	return []prometheus.Collector{m.peers, m.messages, m.bytes, m.dropped, m.conflicts, m.badMeta, m.joins, m.authFailures}
 }

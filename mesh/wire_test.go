@@ -166,7 +166,7 @@ func TestParseMemberlistLine(t *testing.T) {
 		}
 	}
 	var b bytes.Buffer
-	l := memberlistLogger(slog.New(slog.NewTextHandler(&b, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	l := memberlistLogger(slog.New(slog.NewTextHandler(&b, &slog.HandlerOptions{Level: slog.LevelWarn})), nil)
 	l.Printf("[DEBUG] memberlist: hidden")
 	l.Printf("[ERR] memberlist: shown %d", 1)
 	if s := b.String(); strings.Contains(s, "hidden") || !strings.Contains(s, `level=ERROR msg="shown 1" component=memberlist`) {

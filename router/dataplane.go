@@ -13,6 +13,7 @@ import (
 	"github.com/weft-net/weft/ipalloc"
 	"github.com/weft-net/weft/mesh"
 	"github.com/weft-net/weft/tunnel"
+	"github.com/weft-net/weft/tunnel/crypt"
 )
 
 // dataplaneResync is how often the data plane re-applies its routes and
@@ -29,20 +30,42 @@ func (r *Router) openTunnel() error {
 	if isLocalAddr(ns.host) {
 		listen = netip.AddrPortFrom(ns.host, uint16(r.cfg.DataPort)) // data only on the underlay
 	}
-	d, err := tunnel.New(tunnel.Config{
-		Self:        r.name,
-		Mode:        r.cfg.Encap,
-		MTU:         ns.mtu,
-		UnderlayMTU: ns.underlayMTU,
-		Underlay:    ns.host,
-		Listen:      listen,
-		Logger:      r.log,
-		Registerer:  r.metrics.reg,
-	})
+	cfg := tunnel.Config{
+		Self:           r.name,
+		Mode:           r.cfg.Encap,
+		MTU:            ns.mtu,
+		UnderlayMTU:    ns.underlayMTU,
+		Underlay:       ns.host,
+		Listen:         listen,
+		TrustedSubnets: r.cfg.TrustedSubnets,
+		Logger:         r.log,
+		Registerer:     r.metrics.reg,
+	}
+	if r.keys != nil {
+		cfg.PSK = r.keys.PSK[:]
+	}
+	d, err := tunnel.New(cfg)
 	if err != nil {
 		return fmt.Errorf("data plane: %w", err)
 	}
 	r.tunnel = d
+	return nil
+}
+
+// deriveKeys turns the password into the gossip key and the data plane's
+// pre-shared key (a deliberately slow KDF: once, at start).
+func (r *Router) deriveKeys() error {
+	if r.cfg.Password == nil {
+		r.log.Warn("no password set: traffic between nodes (gossip and pod data) is NOT encrypted and any host that reaches the gossip port can join; set --password-file or WEFT_PASSWORD on every node")
+		return nil
+	}
+	start := time.Now()
+	keys, err := crypt.DeriveKeys(r.cfg.Password)
+	if err != nil {
+		return fmt.Errorf("deriving keys from the password: %w", err)
+	}
+	r.keys = &keys
+	r.log.Info("encryption enabled: gossip authenticated and encrypted, pod data sealed per peer", "kdf-time", time.Since(start).Round(time.Millisecond), "trusted-subnets", r.cfg.TrustedSubnets)
 	return nil
 }
 
@@ -95,10 +118,11 @@ func tunnelPeers(peers []mesh.Peer) []tunnel.Peer {
 			continue
 		}
 		out = append(out, tunnel.Peer{
-			Name:     string(p.Name),
-			Underlay: p.Addr.Addr(),
-			DataPort: p.DataPort,
-			Encaps:   tunnel.ParseEncaps(p.Meta.Encaps),
+			Name:      string(p.Name),
+			Underlay:  p.Addr.Addr(),
+			DataPort:  p.DataPort,
+			Encaps:    tunnel.ParseEncaps(p.Meta.Encaps),
+			PublicKey: p.Meta.PublicKey,
 		})
 	}
 	return out
@@ -157,6 +181,8 @@ type ConnReport struct {
 	// Mode is how data is sent to the peer: udp, ipip or "" (none).
 	Mode      string `json:"mode,omitempty"`
 	Kernel    bool   `json:"kernel,omitempty"`
+	Encrypted bool   `json:"encrypted"`
+	Trusted   bool   `json:"trusted,omitempty"` // in --trusted-subnets: plaintext on purpose
 	DataError string `json:"dataError,omitempty"`
 }
 
@@ -174,6 +200,7 @@ func (r *Router) connections() []ConnReport {
 		cr := ConnReport{Connection: c}
 		if p, ok := paths[string(c.Peer)]; ok && c.Peer != "" {
 			cr.Mode, cr.Kernel, cr.DataError = string(p.Mode), p.Kernel, p.Error
+			cr.Encrypted, cr.Trusted = p.Encrypted, p.Trusted
 		}
 		out = append(out, cr)
 	}
@@ -183,10 +210,11 @@ func (r *Router) connections() []ConnReport {
 // WriteConnections writes the text of GET /status/connections, one line
 // per connection:
 //
-//	-> address  established|failed  state  data-path  name(nickname)  [error]
+//	-> address  established|failed  state  data-path  encryption  name(nickname)  [error]
 //
 // where data-path is udp, ipip (kernel), ipip (userspace) or "-" when no
-// data can be sent to the peer.
+// data can be sent to the peer, and encryption is encrypted, unencrypted
+// or trusted (unencrypted because the peer is in --trusted-subnets).
 func WriteConnections(w io.Writer, conns []ConnReport) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	for _, c := range conns {
@@ -205,6 +233,15 @@ func WriteConnections(w io.Writer, conns []ConnReport) error {
 		case c.Mode != "":
 			mode = c.Mode
 		}
+		crypto := "unencrypted"
+		switch {
+		case c.Mode == "":
+			crypto = "-"
+		case c.Encrypted:
+			crypto = "encrypted"
+		case c.Trusted:
+			crypto = "trusted"
+		}
 		errs := []string{}
 		if c.Error != "" {
 			errs = append(errs, c.Error)
@@ -212,7 +249,7 @@ func WriteConnections(w io.Writer, conns []ConnReport) error {
 		if c.DataError != "" {
 			errs = append(errs, "data: "+c.DataError)
 		}
-		fmt.Fprintf(tw, "-> %s\t%s\t%s\t%s\t%s\t%s\n", c.Address, c.Outcome, state, mode, who, strings.Join(errs, "; "))
+		fmt.Fprintf(tw, "-> %s\t%s\t%s\t%s\t%s\t%s\t%s\n", c.Address, c.Outcome, state, mode, crypto, who, strings.Join(errs, "; "))
 	}
 	return tw.Flush()
 }

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"net/http"
@@ -37,7 +38,7 @@ func FuzzLocalAPI(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Cleanup(func() { r.db.Close() })
-	if err := r.openIPAM(); err != nil {
+	if err := r.openIPAM(context.Background()); err != nil {
 		f.Fatal(err)
 	}
 	r.setReady(true, "")

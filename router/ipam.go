@@ -18,7 +18,7 @@ const IPAMChannel = "ipam"
 // openIPAM loads the allocator with the first-claim mode of --ipalloc-init.
 // consensus without =N expects the peers of --peers (other than this node)
 // plus this one; with no --peers that is a lone peer, which claims at once.
-func (r *Router) openIPAM() error {
+func (r *Router) openIPAM(ctx context.Context) error {
 	var init ipalloc.Init
 	switch r.cfg.Init.Kind {
 	case "consensus":
@@ -33,6 +33,17 @@ func (r *Router) openIPAM() error {
 	case "observer":
 		init.Observer = true
 	}
+	if r.kube != nil {
+		claimed, err := ipalloc.HasRing(r.db)
+		if err != nil {
+			return err
+		}
+		if !claimed {
+			if init, err = r.kubeInit(ctx, init); err != nil {
+				return err
+			}
+		}
+	}
 	svc, err := ipalloc.NewService(ipalloc.ServiceConfig{
 		Self: ipalloc.PeerName(r.name), Universe: r.cfg.Universe, Init: init, DB: r.db, Log: r.log,
 	})
@@ -40,7 +51,7 @@ func (r *Router) openIPAM() error {
 		return err
 	}
 	r.ipam = svc
-	r.log.Info("ipalloc: first claim", "init", r.cfg.Init.String(), "expected-peers", init.Consensus)
+	r.log.Info("ipalloc: first claim", "init", r.cfg.Init.String(), "expected-peers", init.Consensus, "observer", init.Observer)
 	return nil
 }
 

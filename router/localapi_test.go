@@ -32,7 +32,7 @@ func newTestRouter(t testing.TB, rangeCIDR string) (*Router, *api.Client) {
 	}
 	t.Cleanup(func() { r.db.Close() })
 	r.netState = netState{host: netip.MustParseAddr("10.250.0.1"), mtu: 1440, gateway: netip.MustParsePrefix("10.32.0.1/12")}
-	if err := r.openIPAM(); err != nil {
+	if err := r.openIPAM(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	ln, err := listenUnix(c.Socket)

@@ -37,6 +37,8 @@ func (r *Router) startMesh(ctx context.Context) error {
 		Port:          r.cfg.Port,
 		DataPort:      r.cfg.DataPort,
 		Encaps:        r.encaps(),
+		PublicKey:     r.tunnel.PublicKey(),
+		SecretKey:     r.gossipKey(),
 		Version:       Version,
 		Peers:         r.cfg.Peers,
 		Remembered:    remembered,
@@ -57,6 +59,14 @@ func (r *Router) startMesh(ctx context.Context) error {
 	r.mesh = m
 	r.knownPeers = remembered
 	return nil
+}
+
+// gossipKey is the memberlist key derived from the password; nil without one.
+func (r *Router) gossipKey() []byte {
+	if r.keys == nil {
+		return nil
+	}
+	return r.keys.Gossip[:]
 }
 
 // saveKnownPeers remembers the current peers for the next start, when they

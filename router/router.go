@@ -16,9 +16,11 @@ import (
 
 	"github.com/weft-net/weft/bridge"
 	"github.com/weft-net/weft/ipalloc"
+	"github.com/weft-net/weft/kube"
 	"github.com/weft-net/weft/mesh"
 	"github.com/weft-net/weft/state"
 	"github.com/weft-net/weft/tunnel"
+	"github.com/weft-net/weft/tunnel/crypt"
 )
 
 // Version is set at link time by the Makefile.
@@ -43,6 +45,10 @@ type Router struct {
 	knownPeers []string      // as last saved
 	resetCh    chan struct{} // weft reset succeeded: tear down and exit
 
+	kube     *kube.Kube    // --kube: the Kubernetes side, set by Run
+	kubeDone chan struct{} // closed when kube.Run has returned
+
+	keys          *crypt.Keys    // from the password; nil without one
 	tunnel        *tunnel.Device // the data plane, set by Run
 	dataplaneKick chan struct{}
 	lastRanges    []tunnel.OwnedRange // as last applied, by routineDataplane only
@@ -137,10 +143,25 @@ func (r *Router) Run(ctx context.Context) (runErr error) {
 	if err := r.setupUnderlay(); err != nil {
 		return err
 	}
-	if err := r.openIPAM(); err != nil {
+	kubeCtx, stopKube := context.WithCancel(ctx)
+	defer func() {
+		stopKube()
+		if r.kubeDone != nil {
+			<-r.kubeDone
+		}
+	}()
+	if r.cfg.Kube {
+		if err := r.startKube(kubeCtx); err != nil {
+			return err
+		}
+	}
+	if err := r.openIPAM(ctx); err != nil {
 		return err
 	}
 	r.reclaimFromBridge()
+	if err := r.deriveKeys(); err != nil {
+		return err
+	}
 	if err := r.openTunnel(); err != nil {
 		return err
 	}
@@ -192,6 +213,10 @@ func (r *Router) Run(ctx context.Context) (runErr error) {
 		}
 	}()
 	go func() { defer wg.Done(); r.routineDataplane(runCtx) }()
+	if r.kube != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.routineKube(runCtx) }()
+	}
 	go serve("status server", statusSrv, statusLn)
 	go func() { defer wg.Done(); r.ipam.Run(runCtx, meshTransport{ch: r.ipamCh}) }()
 	go func() { defer wg.Done(); r.routineMembers(runCtx) }()

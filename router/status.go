@@ -15,6 +15,7 @@ import (
 
 	"github.com/weft-net/weft/ipalloc"
 	"github.com/weft-net/weft/mesh"
+	"github.com/weft-net/weft/tunnel"
 )
 
 // Report is the JSON of GET /report: everything /status shows, and more.
@@ -33,8 +34,11 @@ type RouterReport struct {
 	Gateway  string `json:"gateway"`
 	MTU      int    `json:"mtu"`
 	Encap    string `json:"encap"`
-	Ready    bool   `json:"ready"`
-	Reason   string `json:"reason,omitempty"`
+	// Encryption is the data plane's: whether it seals, with what, and the
+	// trusted subnets.
+	Encryption tunnel.Encryption `json:"encryption"`
+	Ready      bool              `json:"ready"`
+	Reason     string            `json:"reason,omitempty"`
 	// Mesh is the peers, connections and targets of this peer.
 	Mesh mesh.Report `json:"mesh"`
 	// Connections are the mesh's connections with the data path to each
@@ -104,6 +108,9 @@ func (r *Router) Report() Report {
 		rep.Router.Connections = r.connections()
 	} else {
 		rep.Router.Mesh = mesh.Report{Name: mesh.PeerName(r.name), Nickname: r.cfg.Nickname, PeerCount: 1}
+	}
+	if r.tunnel != nil {
+		rep.Router.Encryption = r.tunnel.Encryption()
 	}
 	if net.gateway.IsValid() {
 		rep.Router.Gateway = net.gateway.Addr().String()
@@ -199,7 +206,7 @@ func WriteStatus(w io.Writer, rep Report) {
 	line("Host", rep.Router.Host)
 	line("Bridge", fmt.Sprintf("%s (gateway %s, pod MTU %d)", rep.Router.Bridge, rep.Router.Gateway, rep.Router.MTU))
 	line("Encapsulation", encapSummary(rep.Router.Encap, rep.Router.Connections))
-	line("Encryption", "disabled")
+	line("Encryption", rep.Router.Encryption.String())
 	m := rep.Router.Mesh
 	line("Peers", fmt.Sprint(m.PeerCount))
 	line("Connections", fmt.Sprintf("%d (%d established)", len(m.Connections), m.Established))

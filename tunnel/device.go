@@ -11,10 +11,12 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/weft-net/weft/tunnel/conn"
+	"github.com/weft-net/weft/tunnel/crypt"
 	"github.com/weft-net/weft/tunnel/tun"
 )
 
@@ -53,6 +55,27 @@ type Config struct {
 	// them): every packet then crosses the kernel on its own, several
 	// times slower.
 	NoOffload bool
+
+	// PSK turns encryption on: the data plane's pre-shared key that
+	// crypt.DeriveKeys makes from the password (KeySize bytes). Frames
+	// to and from every peer outside TrustedSubnets are then sealed with
+	// per-peer session keys (see docs/security.md), plaintext from such
+	// a peer is dropped, and ipip is used only inside TrustedSubnets.
+	// Nil: no encryption, as before.
+	PSK []byte
+	// TrustedSubnets (--trusted-subnets) are underlay subnets whose
+	// peers get plaintext frames (or ipip) and may send plaintext, as
+	// Weave allowed. Only used with PSK.
+	TrustedSubnets []netip.Prefix
+	// KeyPair is this node's X25519 key pair, whose public key goes into
+	// the mesh metadata (PublicKey); New makes a fresh one when it is nil
+	// and PSK is set. Never store it.
+	KeyPair *crypt.KeyPair
+	// Rekey tunes when session keys change; zero fields take crypt's
+	// defaults (for tests).
+	Rekey crypt.Limits
+	// Now is the clock of rekeying; time.Now if nil.
+	Now func() time.Time
 
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer // nil registers nothing
@@ -95,15 +118,22 @@ type Device struct {
 
 	maxInner [numWireModes]int // largest inner packet per mode
 	bufSize  int               // receive buffers: the largest datagram we accept
-	counter  atomic.Uint64     // frame counter (the future nonce)
+	counter  atomic.Uint64     // frame counter of plaintext frames
+
+	crypto  *crypt.Local // nil: encryption off
+	trusted []netip.Prefix
+	ipipOK  bool // ipip may be used: no encryption, or some trusted subnets
+	now     func() time.Time
+	warns   dropWarnings
 
 	snap atomic.Pointer[snapshot] // what the packet path reads
 
-	mu     sync.Mutex // guards the fields below and serialises updates of snap
-	peers  []Peer
-	ranges []OwnedRange
-	src    netip.Addr
-	ringOK bool // SetRing was called
+	mu       sync.Mutex // guards the fields below and serialises updates of snap
+	peers    []Peer
+	ranges   []OwnedRange
+	src      netip.Addr
+	ringOK   bool                    // SetRing was called
+	sessions map[string]*peerSession // by peer name, kept a while after the peer left
 
 	closeOnce sync.Once
 	closeErr  error
@@ -126,6 +156,11 @@ type peerPath struct {
 	err    error // why there is no mode
 	tunIdx int   // wire mode for packets that reach the TUN device, -1 if none
 	dst    [numWireModes]netip.AddrPort
+
+	plain   bool           // plaintext both ways: encryption off, or a trusted peer
+	trusted bool           // encryption on, and the peer is in a trusted subnet
+	sess    *crypt.Session // the peer's session keys; nil without its public key
+	noKey   bool           // its traffic is dropped for want of a public key
 }
 
 // New sets a Device up; Run starts it.
@@ -159,7 +194,13 @@ func New(cfg Config) (*Device, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	d := &Device{cfg: cfg, log: cfg.Logger, closed: make(chan struct{})}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	d := &Device{cfg: cfg, log: cfg.Logger, closed: make(chan struct{}), now: cfg.Now, sessions: map[string]*peerSession{}}
+	if err := d.setupCrypto(); err != nil {
+		return nil, err
+	}
 	// The largest datagram accepted: what fits the underlay, or a frame
 	// of a full TUN packet (sent fragmented when it does not fit).
 	d.bufSize = max(cfg.UnderlayMTU, cfg.MTU+FrameHeaderLen+AEADTagLen)
@@ -199,7 +240,10 @@ func New(cfg Config) (*Device, error) {
 	d.snap.Store(&snapshot{peers: map[string]*peerPath{}, byAddr: map[netip.Addr]string{}})
 	d.log.Info("tunnel ready", "device", d.tun.Name(), "mode", cfg.Mode, "can", modeList(d.local),
 		"kernel-ipip", d.kernel, "mtu", cfg.MTU, "underlay-mtu", cfg.UnderlayMTU, "queues", len(d.tun.Queues()),
-		"offloads", d.offloads())
+		"offloads", d.offloads(), "encryption", d.Encryption().String(), "trusted-subnets", prefixList(d.trusted))
+	if d.crypto == nil {
+		d.log.Info("data plane unencrypted: no password set; udp frames cross the underlay in the clear")
+	}
 	return d, nil
 }
 
@@ -231,7 +275,7 @@ func (d *Device) capabilities() []Mode {
 	if d.binds[idxUDP] != nil {
 		out = append(out, ModeUDP)
 	}
-	if !d.kernel && d.binds[idxIPIP] != nil {
+	if !d.kernel && d.binds[idxIPIP] != nil && d.ipipOK {
 		out = append(out, ModeIPIP)
 	}
 	return out
@@ -266,7 +310,13 @@ type Connection struct {
 	Mode       Mode           `json:"mode,omitempty"`
 	Kernel     bool           `json:"kernel,omitempty"` // through kernel IPIP
 	Advertised []Mode         `json:"advertised,omitempty"`
-	Error      string         `json:"error,omitempty"`
+	// Encrypted says frames to the peer are sealed (and plaintext from
+	// it is refused).
+	Encrypted bool `json:"encrypted"`
+	// Trusted says the peer is in a trusted subnet: plaintext both ways
+	// although encryption is on.
+	Trusted bool   `json:"trusted,omitempty"`
+	Error   string `json:"error,omitempty"`
 }
 
 // Connections lists every peer's data path, sorted by name.
@@ -274,7 +324,8 @@ func (d *Device) Connections() []Connection {
 	s := d.snap.Load()
 	out := make([]Connection, 0, len(s.peers))
 	for _, p := range s.peers {
-		c := Connection{Peer: p.Name, Mode: p.mode, Advertised: p.Encaps, Kernel: p.mode == ModeIPIP && d.kernel}
+		c := Connection{Peer: p.Name, Mode: p.mode, Advertised: p.Encaps, Kernel: p.mode == ModeIPIP && d.kernel,
+			Encrypted: p.mode != "" && !p.plain && p.sess != nil, Trusted: p.trusted}
 		if p.mode != "" {
 			c.Address = p.dst[modeIndex(p.mode)]
 		}
@@ -300,11 +351,15 @@ func (d *Device) SetPeers(peers []Peer) error {
 	for name, p := range next.peers {
 		o := old.peers[name]
 		switch {
-		case o == nil || o.mode != p.mode:
-			if p.mode == "" {
+		case o == nil || o.mode != p.mode || o.plain != p.plain || (o.sess == nil) != (p.sess == nil):
+			switch {
+			case p.noKey:
+				d.log.Warn(fmt.Sprintf("peer %s: %v; its traffic is dropped", name, p.err), "peer", name)
+			case p.mode == "":
 				d.log.Warn(fmt.Sprintf("peer %s: no encapsulation in common; its traffic is dropped", name), "peer", name, "err", p.err)
-			} else {
-				d.log.Info(fmt.Sprintf("peer %s: sending with %s", name, p.mode), "peer", name, "mode", p.mode, "address", p.dst[modeIndex(p.mode)], "kernel", p.mode == ModeIPIP && d.kernel)
+			default:
+				d.log.Info(fmt.Sprintf("peer %s: sending with %s, %s", name, p.mode, p.protection()), "peer", name, "mode", p.mode,
+					"address", p.dst[modeIndex(p.mode)], "kernel", p.mode == ModeIPIP && d.kernel, "encrypted", !p.plain)
 			}
 		case o.Underlay != p.Underlay || o.DataPort != p.DataPort:
 			d.log.Info(fmt.Sprintf("peer %s moved to %s", name, p.dst[modeIndex(p.mode)]), "peer", name)
@@ -351,12 +406,16 @@ func routeTargetsDiffer(a, b *snapshot) bool {
 // buildLocked makes the snapshot for the current peers and routes.
 func (d *Device) buildLocked(routes *Table) *snapshot {
 	s := &snapshot{routes: routes, peers: map[string]*peerPath{}, byAddr: map[netip.Addr]string{}}
+	present := map[string]bool{}
 	for _, p := range d.peers {
 		if p.Name == d.cfg.Self || p.Name == "" {
 			continue
 		}
+		present[p.Name] = true
 		pp := &peerPath{Peer: p, tunIdx: -1}
 		pp.Encaps = slices.Clone(p.Encaps)
+		pp.PublicKey = slices.Clone(p.PublicKey)
+		keyErr := d.securePathLocked(pp)
 		port := p.DataPort
 		if port == 0 {
 			port = DefaultDataPort
@@ -366,6 +425,11 @@ func (d *Device) buildLocked(routes *Table) *snapshot {
 		switch {
 		case !p.Underlay.Is4():
 			pp.err = fmt.Errorf("peer %s has no IPv4 underlay address (%v)", p.Name, p.Underlay)
+		case !pp.plain:
+			pp.mode, pp.err = chooseSealedMode(d.cfg.Mode, d.local, p.Encaps)
+			if pp.mode != "" && pp.sess == nil {
+				pp.mode, pp.err, pp.noKey = "", keyErr, true
+			}
 		default:
 			pp.mode, pp.err = ChooseMode(d.cfg.Mode, d.local, p.Encaps)
 		}
@@ -386,6 +450,7 @@ func (d *Device) buildLocked(routes *Table) *snapshot {
 			s.byAddr[p.Underlay] = p.Name
 		}
 	}
+	d.parkSessionsLocked(present)
 	return s
 }
 

@@ -46,6 +46,16 @@ func (d *Device) openKernel() (err error) {
 	if cfg.Mode == ModeUDP {
 		return nil
 	}
+	if !d.ipipOK {
+		// A password without trusted subnets: ipip is never used, and a
+		// kernel IPIP device left from a run without a password would
+		// let anyone inject plaintext packets: remove it.
+		if err := RemoveKernelIPIP(cfg.IPIPName); err != nil {
+			return fmt.Errorf("a password is set and ipip cannot be encrypted: %w", err)
+		}
+		d.log.Info("ipip is off: it cannot be encrypted, and no --trusted-subnets are given")
+		return nil
+	}
 	kerr := EnsureKernelIPIP(h, cfg.IPIPName, cfg.Underlay, cfg.UnderlayMTU-IPv4HeaderLen)
 	if kerr == nil {
 		d.kernel = true

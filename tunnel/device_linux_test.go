@@ -100,7 +100,7 @@ func startDevicesWith(t *testing.T, p *netnstest.Pair, cfg Config) [2]*Device {
 	}
 	var peers []Peer
 	for i, n := range p.Nodes {
-		peers = append(peers, Peer{Name: n.Name, Underlay: n.Underlay, DataPort: DefaultDataPort, Encaps: ds[i].Encaps()})
+		peers = append(peers, Peer{Name: n.Name, Underlay: n.Underlay, DataPort: DefaultDataPort, Encaps: ds[i].Encaps(), PublicKey: ds[i].PublicKey()})
 	}
 	for i, n := range p.Nodes {
 		if err := ds[i].SetPeers(peers); err != nil {
@@ -356,17 +356,25 @@ func TestKernelIPIPDetection(t *testing.T) {
 
 // TestKernelTCPTransfer: 32 MB over TCP from one pod to the other arrive
 // intact, with the offloads (TSO super-packets cut on one side, segments
-// joined on the other, UDP GSO/GRO) and without them.
+// joined on the other, UDP GSO/GRO) and without them, and encrypted
+// (every datagram of a GSO send sealed on its own).
 func TestKernelTCPTransfer(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		mode      Mode
 		noOffload bool
-	}{{"udp", ModeUDP, false}, {"udp-no-offload", ModeUDP, true}, {"ipip", ModeIPIP, false}} {
+		psk       []byte
+	}{
+		{"udp", ModeUDP, false, nil}, {"udp-no-offload", ModeUDP, true, nil}, {"ipip", ModeIPIP, false, nil},
+		{"udp-encrypted", ModeUDP, false, pskOne}, {"udp-encrypted-no-offload", ModeUDP, true, pskOne},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
 			mtu := 1500 - Overhead(tc.mode)
 			p := newPair(t, mtu)
-			ds := startDevicesWith(t, p, Config{Mode: tc.mode, MTU: mtu, NoOffload: tc.noOffload})
+			ds := startDevicesWith(t, p, Config{Mode: tc.mode, MTU: mtu, NoOffload: tc.noOffload, PSK: tc.psk})
+			if c := ds[0].Connections(); len(c) != 1 || c[0].Encrypted != (tc.psk != nil) {
+				t.Errorf("connections %+v", c)
+			}
 			if got := ds[0].offloads(); (got == "none") != tc.noOffload {
 				t.Errorf("offloads %q", got)
 			}
@@ -426,6 +434,13 @@ func TestKernelTCPTransfer(t *testing.T) {
 				t.Fatal("transfer did not finish")
 			}
 			t.Logf("a: %s; b: %s", counters(ds[0]), counters(ds[1]))
+			for _, d := range ds {
+				for _, r := range []dropReason{dropAuth, dropReplay, dropPlaintext, dropNoKey} {
+					if n := value(d.metrics.drop[r]); n > 0 {
+						t.Errorf("%s dropped %v frames as %s", d.cfg.Self, n, dropReasonNames[r])
+					}
+				}
+			}
 		})
 	}
 }

@@ -17,6 +17,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/weft-net/weft/tunnel/conn/bindtest"
+	"github.com/weft-net/weft/tunnel/crypt"
 	"github.com/weft-net/weft/tunnel/tun/tuntest"
 )
 
@@ -48,6 +49,10 @@ type nodeOpts struct {
 	noIPIP      bool
 	mtu         int
 	underlayMTU int
+	psk         []byte         // encryption on
+	trusted     []netip.Prefix // --trusted-subnets
+	now         func() time.Time
+	rekey       crypt.Limits
 }
 
 func newTestNode(t *testing.T, net *bindtest.Network, name string, o nodeOpts) *testNode {
@@ -62,6 +67,7 @@ func newTestNode(t *testing.T, net *bindtest.Network, name string, o nodeOpts) *
 	cfg := Config{
 		Self: name, Mode: o.mode, MTU: o.mtu, UnderlayMTU: o.underlayMTU,
 		Logger: testLogger(t, name), TUN: n.tun, Routing: n.rt,
+		PSK: o.psk, TrustedSubnets: o.trusted, Now: o.now, Rekey: o.rekey,
 	}
 	if !o.noUDP {
 		n.udp = net.Bind(netip.AddrPortFrom(underlayOf(name), DefaultDataPort))
@@ -92,7 +98,7 @@ func newTestNode(t *testing.T, net *bindtest.Network, name string, o nodeOpts) *
 func peersOf(nodes ...*testNode) []Peer {
 	var ps []Peer
 	for _, n := range nodes {
-		ps = append(ps, Peer{Name: n.name, Underlay: underlayOf(n.name), DataPort: DefaultDataPort, Encaps: n.d.Encaps()})
+		ps = append(ps, Peer{Name: n.name, Underlay: underlayOf(n.name), DataPort: DefaultDataPort, Encaps: n.d.Encaps(), PublicKey: n.d.PublicKey()})
 	}
 	return ps
 }

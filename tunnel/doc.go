@@ -27,6 +27,20 @@
 // the peer advertises; the choice is logged, shown by Connections and
 // exported as weft_tunnel_peer_mode.
 //
+// # Encryption
+//
+// With Config.PSK (from the password, crypt.DeriveKeys), udp frames to
+// and from every peer outside Config.TrustedSubnets are sealed with
+// AES-256-GCM under per-peer, per-direction keys: X25519 between the key
+// pair each node makes at start (its public key travels in the mesh
+// metadata, Peer.PublicKey) mixed with the PSK, a new key every two
+// minutes, the frame counter as the nonce, the header as associated data,
+// and a replay window per key (tunnel/crypt, secure.go). Frames that do
+// not authenticate, replays, and plaintext from a peer that must encrypt
+// are dropped and counted (reasons auth, replay, plaintext, no-key); ipip,
+// which cannot be encrypted, is used only inside trusted subnets. See
+// docs/security.md.
+//
 // # Speed
 //
 // The TUN device is opened with TCP segmentation offload: the kernel hands
@@ -49,11 +63,13 @@
 //	dev, err := tunnel.New(tunnel.Config{
 //		Self: name, Mode: encap, MTU: podMTU, UnderlayMTU: underlayMTU,
 //		Underlay: host, Listen: netip.AddrPortFrom(netip.IPv4Unspecified(), dataPort),
+//		PSK: keys.PSK[:], TrustedSubnets: trusted, // with a password; nil PSK without
 //		Logger: log, Registerer: reg,
 //	})
-//	// advertise dev.Encaps() in the mesh metadata, then:
+//	// advertise dev.Encaps() and dev.PublicKey() in the mesh metadata, then:
 //	go dev.Run(ctx)
-//	dev.SetPeers(peers)           // on every change of the mesh's peers
+//	dev.SetPeers(peers)           // on every change of the mesh's peers, Peer.PublicKey from their metadata
 //	dev.SetRing(ranges, bridgeIP) // on every change of the ring, once the bridge has its address
 //	dev.Connections()             // for `weft status connections`
+//	dev.Encryption()              // "Encryption: enabled" in `weft status`
 package tunnel

@@ -2,15 +2,21 @@ package tunnel
 
 import (
 	"errors"
+	"net/netip"
+	"time"
 
 	"github.com/weft-net/weft/tunnel/conn"
+	"github.com/weft-net/weft/tunnel/crypt"
 	"github.com/weft-net/weft/tunnel/tun"
 )
 
 // The packet path. Each goroutine owns its buffers and reuses them for
 // every batch: a packet is read into a buffer at FrameHeaderLen, so that
-// the udp header is written in place in front of it, and sent from
-// there; nothing is allocated per packet.
+// the udp header is written in place in front of it, sealed in place
+// (the buffer has room for the tag behind it) and sent from there;
+// received frames are opened in place. Nothing is allocated per packet.
+// Each datagram is sealed on its own, so that the runs that the UDP bind
+// joins into one GSO send stay runs of equal-sized datagrams.
 
 // routineReadTUN reads packets that the kernel routed into TUN queue q
 // and sends each to the owner of its destination.
@@ -31,12 +37,17 @@ func (d *Device) routineReadTUN(q tun.Queue) error {
 	icmpSlab := make([]byte, bs*icmpSize)
 	icmp := make([][]byte, 0, bs)
 	var t tally
+	sc := new(crypt.Scratch)
 	for {
 		n, err := q.Read(bufs, sizes, FrameHeaderLen)
 		if n == 0 && err != nil {
 			return d.endErr("reading "+d.tun.Name(), err)
 		}
 		s := d.snap.Load()
+		var now time.Time
+		if d.crypto != nil {
+			now = d.now()
+		}
 		for i := range out {
 			out[i] = out[i][:0]
 		}
@@ -61,6 +72,9 @@ func (d *Device) routineReadTUN(q tun.Queue) error {
 			case p == nil:
 				t.drop[dropNoPeer]++
 				continue
+			case p.noKey:
+				t.drop[dropNoKey]++
+				continue
 			case p.tunIdx < 0:
 				t.drop[dropIncompatible]++
 				continue
@@ -80,7 +94,12 @@ func (d *Device) routineReadTUN(q tun.Queue) error {
 				}
 				continue
 			}
-			out[mi] = append(out[mi], d.encap(mi, bufs[i], pkt, p, false))
+			m, r := d.encap(mi, bufs[i], pkt, p, false, sc, now)
+			if r != dropNone {
+				t.drop[r]++
+				continue
+			}
+			out[mi] = append(out[mi], m)
 		}
 		d.send(out[:], dirOut, &t)
 		if len(icmp) > 0 {
@@ -98,11 +117,13 @@ func (d *Device) routineReadTUN(q tun.Queue) error {
 }
 
 // encap wraps the inner packet pkt, which sits in buf at the offset the
-// frame header needs in front of it, for mode mi to peer p. For udp the
-// counter is filled in by send.
-func (d *Device) encap(mi int, buf, pkt []byte, p *peerPath, forwarded bool) conn.Message {
+// frame header needs in front of it, for mode mi to peer p. A udp frame
+// to a peer that must encrypt is sealed in place (pkt needs AEADTagLen
+// bytes of room behind it); the counter of a plaintext one is filled in
+// by send.
+func (d *Device) encap(mi int, buf, pkt []byte, p *peerPath, forwarded bool, sc *crypt.Scratch, now time.Time) (conn.Message, dropReason) {
 	if mi == idxIPIP {
-		return conn.Message{Data: pkt, Addr: p.dst[idxIPIP], Mark: forwarded}
+		return conn.Message{Data: pkt, Addr: p.dst[idxIPIP], Mark: forwarded}, dropNone
 	}
 	start := cap(buf) - cap(pkt) - FrameHeaderLen
 	var flags FrameFlags
@@ -110,8 +131,12 @@ func (d *Device) encap(mi int, buf, pkt []byte, p *peerPath, forwarded bool) con
 		flags = FlagForwarded
 	}
 	frame := buf[start : start+FrameHeaderLen+len(pkt)]
+	if !p.plain {
+		sealed, r := sealFrame(frame, flags, p, sc, now)
+		return conn.Message{Data: sealed, Addr: p.dst[idxUDP]}, r
+	}
 	PutFrameHeader(frame, FrameHeader{Version: FrameVersion, Type: FrameData, Flags: flags})
-	return conn.Message{Data: frame, Addr: p.dst[idxUDP]}
+	return conn.Message{Data: frame, Addr: p.dst[idxUDP]}, dropNone
 }
 
 // send numbers the udp frames and sends every batch on its socket,
@@ -121,17 +146,24 @@ func (d *Device) send(out [][]conn.Message, dir int, t *tally) {
 		if len(msgs) == 0 {
 			continue
 		}
-		overhead := 0
 		if mi == idxUDP {
-			overhead = FrameHeaderLen
 			next := d.counter.Add(uint64(len(msgs))) - uint64(len(msgs))
 			for i := range msgs {
-				next++
-				putCounter(msgs[i].Data, next)
+				if !sealed(msgs[i].Data) {
+					next++
+					putCounter(msgs[i].Data, next)
+				}
 			}
 		}
 		n, err := d.binds[mi].Send(msgs)
 		for _, m := range msgs[:n] {
+			overhead := 0
+			if mi == idxUDP {
+				overhead = FrameHeaderLen
+				if sealed(m.Data) {
+					overhead += AEADTagLen
+				}
+			}
 			t.count(dir, mi, len(m.Data)-overhead)
 		}
 		if err != nil {
@@ -140,6 +172,9 @@ func (d *Device) send(out [][]conn.Message, dir int, t *tally) {
 		}
 	}
 }
+
+// sealed reports whether the udp frame b is sealed.
+func sealed(b []byte) bool { return FrameFlags(b[2])&FlagEncrypted != 0 }
 
 // routineRecv reads encapsulated packets from the socket of mode mi and
 // writes those for this node into TUN queue q; those for a range that
@@ -153,6 +188,16 @@ func (d *Device) routineRecv(mi int, b conn.Bind, q tun.Queue) error {
 		fwd[i] = make([]conn.Message, 0, bs)
 	}
 	var t tally
+	var from [numDropReasons]netip.Addr // the last source of each drop, for warnDrops
+	sc := new(crypt.Scratch)
+	enc := d.crypto != nil
+	// With encryption, a packet forwarded to a peer that must encrypt
+	// needs room for the tag behind it, which a received datagram may
+	// not have: such packets are copied into spare.
+	var spare *slab
+	if enc {
+		spare = newSlab(bs, FrameHeaderLen+d.bufSize+AEADTagLen)
+	}
 	for {
 		n, err := b.Recv(msgs)
 		if n == 0 && err != nil {
@@ -163,9 +208,15 @@ func (d *Device) routineRecv(mi int, b conn.Bind, q tun.Queue) error {
 		for i := range fwd {
 			fwd[i] = fwd[i][:0]
 		}
+		var now time.Time
+		if enc {
+			now = d.now()
+			spare.reset()
+		}
 		for i := range n {
 			m := &msgs[i]
-			if _, ok := s.byAddr[m.Addr.Addr()]; !ok {
+			name, ok := s.byAddr[m.Addr.Addr()]
+			if !ok {
 				t.drop[dropUnknownPeer]++
 				continue
 			}
@@ -174,14 +225,17 @@ func (d *Device) routineRecv(mi int, b conn.Bind, q tun.Queue) error {
 			var r dropReason
 			if mi == idxUDP {
 				var h FrameHeader
-				h, inner, r = decodeFrame(m.Data)
+				h, inner, r = openFrame(m.Data, s.peers[name], enc, sc, now)
 				forwarded = h.Flags&FlagForwarded != 0
+			} else if !s.peers[name].plain {
+				r = dropPlaintext
 			} else {
 				inner, r = ipv4Check(m.Data)
 				forwarded = m.Mark
 			}
 			if r != dropNone {
 				t.drop[r]++
+				from[r] = m.Addr.Addr()
 				continue
 			}
 			start := cap(m.Buf) - cap(inner) // where inner starts in Buf
@@ -212,6 +266,9 @@ func (d *Device) routineRecv(mi int, b conn.Bind, q tun.Queue) error {
 			case p == nil:
 				t.drop[dropNoPeer]++
 				continue
+			case p.noKey:
+				t.drop[dropNoKey]++
+				continue
 			case p.tunIdx < 0:
 				t.drop[dropIncompatible]++
 				continue
@@ -220,7 +277,17 @@ func (d *Device) routineRecv(mi int, b conn.Bind, q tun.Queue) error {
 				continue
 			}
 			fi := p.tunIdx
-			fwd[fi] = append(fwd[fi], d.encap(fi, m.Buf, inner, p, true))
+			buf := m.Buf
+			if fi == idxUDP && !p.plain && cap(inner)-len(inner) < AEADTagLen {
+				buf = spare.next()
+				inner = buf[FrameHeaderLen : FrameHeaderLen+copy(buf[FrameHeaderLen:], inner)]
+			}
+			fm, r := d.encap(fi, buf, inner, p, true, sc, now)
+			if r != dropNone {
+				t.drop[r]++
+				continue
+			}
+			fwd[fi] = append(fwd[fi], fm)
 		}
 		if len(toTUN) > 0 {
 			if _, err := q.Write(toTUN, FrameHeaderLen); err != nil {
@@ -230,6 +297,9 @@ func (d *Device) routineRecv(mi int, b conn.Bind, q tun.Queue) error {
 			}
 		}
 		d.send(fwd[:], dirForward, &t)
+		if enc && t.drop[dropAuth]+t.drop[dropReplay]+t.drop[dropPlaintext]+t.drop[dropNoKey] > 0 {
+			d.warnDrops(&t, &from, now)
+		}
 		d.metrics.flush(&t)
 		if err != nil {
 			return d.endErr("receiving "+string(wireModes[mi]), err)
@@ -248,3 +318,28 @@ func (d *Device) tunWriteErr(err error, t *tally) error {
 	}
 	return d.endErr("writing "+d.tun.Name(), err)
 }
+
+// slab is a routine's spare buffers, handed out in turn within a batch.
+type slab struct {
+	bufs [][]byte
+	used int
+}
+
+func newSlab(n, size int) *slab {
+	mem := make([]byte, n*size)
+	s := &slab{bufs: make([][]byte, n)}
+	for i := range s.bufs {
+		s.bufs[i] = mem[i*size : (i+1)*size : (i+1)*size]
+	}
+	return s
+}
+
+// next hands out a buffer not yet used in this batch; a batch never
+// needs more than one per message.
+func (s *slab) next() []byte {
+	b := s.bufs[s.used%len(s.bufs)]
+	s.used++
+	return b
+}
+
+func (s *slab) reset() { s.used = 0 }

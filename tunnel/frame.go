@@ -16,11 +16,13 @@ import (
 //	8..15   counter   (big endian; the sender's per-frame sequence number,
 //	                   the AEAD nonce once frames are encrypted)
 //
-// Encryption (the security issue) fits without a format break: it sets
-// FlagEncrypted and a key id, uses the counter as its nonce and the header
-// as associated data, and appends an AEADTagLen tag, for which the pod MTU
-// already leaves room. A receiver that does not know a version, a type or
-// a key drops the frame.
+// An encrypted frame (Config.PSK set; see tunnel/crypt and
+// docs/security.md) has FlagEncrypted and a nonzero key id (the sender's
+// epoch), uses the counter as its nonce and the whole header as
+// associated data, and carries the inner packet sealed, followed by an
+// AEADTagLen tag, for which the pod MTU always leaves room. A plaintext
+// frame has neither the flag nor a key id. A receiver that does not know
+// a version, a type or a key drops the frame.
 const (
 	FrameVersion = 1
 )
@@ -43,8 +45,8 @@ const (
 	// destination forwards once more to the owner; it is never
 	// forwarded again.
 	FlagForwarded FrameFlags = 1 << 0
-	// FlagEncrypted marks an encrypted payload (reserved for the
-	// security issue; frames with it are dropped until then).
+	// FlagEncrypted marks a sealed payload, opened with the key of the
+	// frame's key id.
 	FlagEncrypted FrameFlags = 1 << 1
 
 	knownFlags = FlagForwarded | FlagEncrypted
@@ -65,7 +67,7 @@ var (
 	ErrVersion     = errors.New("unknown frame version")
 	ErrFrameType   = errors.New("unknown frame type")
 	ErrFlags       = errors.New("unknown frame flags")
-	ErrEncrypted   = errors.New("encrypted frame, but encryption is off")
+	ErrEncrypted   = errors.New("encrypted frame: it needs the sender's session keys to open")
 	ErrInnerPacket = errors.New("malformed inner packet")
 )
 
@@ -112,7 +114,22 @@ func decodeFrame(b []byte) (FrameHeader, []byte, dropReason) {
 	return h, inner, r
 }
 
+// decodeHeader checks a plaintext frame's header.
 func decodeHeader(b []byte) (FrameHeader, dropReason) {
+	h, r := decodeAnyHeader(b)
+	if r == dropNone && h.encrypted() {
+		return h, dropEncrypted
+	}
+	return h, r
+}
+
+// encrypted reports whether the header claims a sealed payload: the flag
+// or a key id (both are needed to open it).
+func (h FrameHeader) encrypted() bool { return h.Flags&FlagEncrypted != 0 || h.KeyID != 0 }
+
+// decodeAnyHeader checks the version, type and flags of a frame's header,
+// plaintext or encrypted.
+func decodeAnyHeader(b []byte) (FrameHeader, dropReason) {
 	if len(b) < FrameHeaderLen {
 		return FrameHeader{}, dropTruncated
 	}
@@ -126,8 +143,6 @@ func decodeHeader(b []byte) (FrameHeader, dropReason) {
 		return h, dropVersion
 	case h.Type != FrameData || h.Flags&^knownFlags != 0:
 		return h, dropType
-	case h.Flags&FlagEncrypted != 0 || h.KeyID != 0:
-		return h, dropEncrypted
 	}
 	return h, dropNone
 }

@@ -27,6 +27,10 @@ const (
 	dropTooBig                             // too big for the path, with DF: an ICMP went back instead
 	dropSendError                          // the underlay socket refused it
 	dropTUNError                           // the TUN device refused it
+	dropAuth                               // an encrypted frame that failed authentication
+	dropReplay                             // an authentic frame seen before, or too old
+	dropPlaintext                          // a plaintext frame (or IPIP packet) from a peer that must encrypt
+	dropNoKey                              // encryption is on, but the peer publishes no usable public key
 	numDropReasons
 )
 
@@ -34,6 +38,7 @@ var dropReasonNames = [numDropReasons]string{
 	"truncated", "version", "type", "encrypted", "malformed", "unknown-peer",
 	"no-route", "no-peer", "incompatible", "local", "forward-loop", "ttl",
 	"not-ipv4", "too-big", "send-error", "tun-error",
+	"auth", "replay", "plaintext", "no-key",
 }
 
 // Packet directions for the traffic counters.
@@ -87,7 +92,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"direction", "mode"}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "weft_tunnel_dropped_packets_total",
-			Help: "Packets the tunnel dropped, by reason.",
+			Help: "Packets the tunnel dropped, by reason (auth: failed authentication; replay: duplicate or too old; plaintext: unencrypted from a peer outside the trusted subnets; no-key: the peer has no public key).",
 		}, []string{"reason"}),
 		icmp: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "weft_tunnel_icmp_frag_needed_total",

@@ -17,6 +17,11 @@ type Peer struct {
 	// peer that advertises nothing is taken to accept udp, the mode
 	// every weft node has.
 	Encaps []Mode
+	// PublicKey is the peer's data-plane public key, as it publishes it
+	// in its mesh metadata (mesh.Meta.PublicKey); empty when the peer
+	// runs without a password. With encryption on, a peer outside the
+	// trusted subnets needs one.
+	PublicKey []byte
 }
 
 // ParseEncaps turns the encapsulations a peer advertises in its mesh

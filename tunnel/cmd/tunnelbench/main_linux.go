@@ -3,12 +3,14 @@
 // with the tunnel running in this process, side by side in the same run
 // with the raw veth underlay between the nodes, a plain kernel VXLAN
 // between them, and a naive forwarder (one goroutine each way, one packet
-// per system call). It prints a Markdown table for docs/benchmarks.md.
+// per system call); udp also encrypted (a password set). It prints a
+// Markdown table for docs/benchmarks.md.
 //
 // Run as root: go run ./tunnel/cmd/tunnelbench
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -29,6 +31,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/weft-net/weft/tunnel"
+	"github.com/weft-net/weft/tunnel/crypt"
 	"github.com/weft-net/weft/tunnel/internal/netnstest"
 	"github.com/weft-net/weft/tunnel/tun"
 )
@@ -39,6 +42,7 @@ func main() {
 	modes := flag.String("modes", "udp,ipip", "weft modes to measure")
 	runs := flag.Int("runs", 3, "rounds over every path; each row is the median")
 	naive := flag.Bool("naive", true, "measure the naive forwarder too")
+	encrypted := flag.Bool("encrypted", true, "measure udp with encryption (a password set) too")
 	verbose := flag.Bool("v", false, "log the tunnel's info messages")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
@@ -75,12 +79,19 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	b := &bench{ctx: ctx, dur: *dur, streams: ss, runs: max(*runs, 1), log: log}
-	if err := b.run(strings.Split(*modes, ","), *naive); err != nil {
+	ms := strings.Split(*modes, ",")
+	if *encrypted && slices.Contains(ms, "udp") {
+		ms = append(ms, encryptedUDP)
+	}
+	if err := b.run(ms, *naive); err != nil {
 		fmt.Fprintln(os.Stderr, "tunnelbench:", err)
 		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }
+
+// encryptedUDP is the -modes entry of udp with a password set.
+const encryptedUDP = "udp-encrypted"
 
 type bench struct {
 	ctx     context.Context
@@ -154,6 +165,10 @@ func (b *bench) run(modes []string, naive bool) error {
 		paths = append(paths, path{"naive TUN/UDP forwarder, one goroutine each way (pod to pod)", true, p.Nodes[0].Pod, p.Nodes[1].Pod, p.Nodes[1].PodAddr})
 	}
 	for _, m := range modes {
+		var psk []byte
+		if m == encryptedUDP {
+			m, psk = "udp", bytes.Repeat([]byte{7}, crypt.KeySize) // as crypt.DeriveKeys would give
+		}
 		mode, err := tunnel.ParseMode(m)
 		if err != nil {
 			return err
@@ -163,12 +178,15 @@ func (b *bench) run(modes []string, naive bool) error {
 		if err != nil {
 			return err
 		}
-		stop, kernel, err := b.startWeft(p, mode, mtu)
+		stop, kernel, err := b.startWeft(p, mode, mtu, psk)
 		if err != nil {
 			return err
 		}
 		cleanups = append(cleanups, stop)
 		name := "weft " + string(mode)
+		if psk != nil {
+			name += ", encrypted (" + crypt.AEADName + ")"
+		}
 		if mode == tunnel.ModeIPIP {
 			name += map[bool]string{true: " (kernel IPIP)", false: " (userspace IPIP: TUN + raw socket)"}[kernel]
 		}
@@ -212,8 +230,9 @@ func median(xs []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-// startWeft runs a tunnel.Device in each node, as the router would.
-func (b *bench) startWeft(p *netnstest.Pair, mode tunnel.Mode, mtu int) (stop func(), kernel bool, err error) {
+// startWeft runs a tunnel.Device in each node, as the router would; with
+// psk, encrypted.
+func (b *bench) startWeft(p *netnstest.Pair, mode tunnel.Mode, mtu int, psk []byte) (stop func(), kernel bool, err error) {
 	var ds []*tunnel.Device
 	ctx, cancel := context.WithCancel(b.ctx)
 	done := make(chan error, 2)
@@ -229,7 +248,7 @@ func (b *bench) startWeft(p *netnstest.Pair, mode tunnel.Mode, mtu int) (stop fu
 		var d *tunnel.Device
 		err := n.NS.Do(func() error {
 			var err error
-			d, err = tunnel.New(tunnel.Config{Self: n.Name, Mode: mode, MTU: mtu, Underlay: n.Underlay, Logger: b.log.With("node", n.Name)})
+			d, err = tunnel.New(tunnel.Config{Self: n.Name, Mode: mode, MTU: mtu, Underlay: n.Underlay, PSK: psk, Logger: b.log.With("node", n.Name)})
 			return err
 		})
 		if err != nil {
@@ -242,7 +261,7 @@ func (b *bench) startWeft(p *netnstest.Pair, mode tunnel.Mode, mtu int) (stop fu
 	var peers []tunnel.Peer
 	var ring []tunnel.OwnedRange
 	for i, n := range p.Nodes {
-		peers = append(peers, tunnel.Peer{Name: n.Name, Underlay: n.Underlay, DataPort: tunnel.DefaultDataPort, Encaps: ds[i].Encaps()})
+		peers = append(peers, tunnel.Peer{Name: n.Name, Underlay: n.Underlay, DataPort: tunnel.DefaultDataPort, Encaps: ds[i].Encaps(), PublicKey: ds[i].PublicKey()})
 		last := n.Range.Addr().As4()
 		last[1] |= 3
 		last[2], last[3] = 255, 255
@@ -420,5 +439,17 @@ func (b *bench) print(took time.Duration) {
 			ratio = fmt.Sprintf("%.3f", r.gbps/u)
 		}
 		fmt.Printf("| %s | %d | %.2f | %s | %s | %s | %d |\n", r.name, r.streams, r.gbps, ratio, cpu, per, r.retrans)
+	}
+	plain := map[int]row{}
+	for _, r := range b.rows {
+		if r.name == "weft udp (pod to pod)" {
+			plain[r.streams] = r
+		}
+	}
+	for _, r := range b.rows {
+		if p, ok := plain[r.streams]; ok && strings.HasPrefix(r.name, "weft udp, encrypted") && p.gbps > 0 {
+			fmt.Printf("\nEncrypted udp with %d stream(s): %.3f of unencrypted udp's throughput, %.2f× its CPU per Gbit/s.\n",
+				r.streams, r.gbps/p.gbps, (r.cpu/r.gbps)/(p.cpu/p.gbps))
+		}
 	}
 }

@@ -1,0 +1,191 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/weft-net/weft/ipalloc"
+	"github.com/weft-net/weft/kube"
+)
+
+// kubeStartWait is how long the router waits at start for the node list
+// before it logs that the API server is slow (it keeps waiting when it
+// must: see kubeInit).
+const kubeStartWait = 30 * time.Second
+
+// startKube connects to the API server and starts watching the Nodes
+// (weft router --kube). It runs until ctx ends; the node list and the
+// ConfigMap are read by kubeInit, routineKube and the reclaim pass.
+func (r *Router) startKube(ctx context.Context) error {
+	client, err := kube.NewClient(r.cfg.Kubeconfig, Version)
+	if err != nil {
+		return fmt.Errorf("--kube: %w", err)
+	}
+	k, err := kube.New(kube.Config{
+		Client:      client,
+		NodeName:    r.cfg.NodeName,
+		Namespace:   r.cfg.KubeNamespace,
+		AddressType: corev1.NodeAddressType(r.cfg.KubeAddressType),
+		PeerName:    r.name,
+		Nickname:    r.cfg.Nickname,
+		Reclaim:     r.kubeReclaim,
+		PeerAlive: func(peer string) bool {
+			return r.mesh != nil && r.alivePeers()[ipalloc.PeerName(peer)]
+		},
+		Logger:     r.log,
+		Registerer: r.metrics.reg,
+	})
+	if err != nil {
+		return fmt.Errorf("--kube: %w", err)
+	}
+	r.kube = k
+	r.kubeDone = make(chan struct{})
+	go func() {
+		defer close(r.kubeDone)
+		if err := k.Run(ctx); err != nil {
+			r.log.Error("kubernetes: watching the nodes stopped", "err", err)
+		}
+	}()
+	r.log.Info("kubernetes: watching nodes", "node", r.cfg.NodeName, "configmap", r.cfg.KubeNamespace+"/"+kube.DefaultConfigMapName, "address-type", r.cfg.KubeAddressType)
+	return nil
+}
+
+// kubeInit decides how a peer whose state holds no ring makes the first
+// claim, from what the cluster has recorded: if a first claim is recorded
+// in the ConfigMap, the ring exists somewhere and this peer must never
+// claim on its own; it joins and asks for space (observer). If none is
+// recorded, it takes part in the consensus among all the cluster's nodes
+// (quorum: more than half of them), so that nodes that start alone or in a
+// partition cannot seed a ring of their own. An explicit --ipalloc-init
+// other than plain "consensus" is the operator's and is kept. Without an
+// answer from the API server it cannot decide safely, so it waits (logging
+// why) until it gets one or ctx ends.
+func (r *Router) kubeInit(ctx context.Context, init ipalloc.Init) (ipalloc.Init, error) {
+	if r.cfg.Init.Kind != "consensus" || r.cfg.Init.Quorum != 0 {
+		return init, nil
+	}
+	start := time.Now()
+	slow := false
+	for {
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := r.kube.WaitSynced(wctx)
+		var claim kube.Claim
+		var recorded bool
+		if err == nil {
+			claim, recorded, err = r.kube.ClaimRecord(wctx)
+		}
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return init, ctx.Err()
+		case err == nil && recorded:
+			if claim.Universe != r.cfg.Universe {
+				return init, fmt.Errorf("the cluster's ring covers %s (first claim %s, recorded in ConfigMap %s/%s), but --ipalloc-range is %s: start with --ipalloc-range=%s",
+					claim.Universe, claim.Seed, r.cfg.KubeNamespace, kube.DefaultConfigMapName, r.cfg.Universe, claim.Universe)
+			}
+			r.log.Info("kubernetes: the ring was claimed already; this peer joins it and asks for space", "claim", claim.String())
+			return ipalloc.Init{Observer: true}, nil
+		case err == nil:
+			n := max(r.kube.NodeCount(), 1)
+			r.log.Info(fmt.Sprintf("kubernetes: no first claim recorded; consensus among the cluster's %d nodes (quorum %d)", n, n/2+1))
+			return ipalloc.Init{Consensus: n}, nil
+		}
+		if !slow && time.Since(start) > kubeStartWait {
+			slow = true
+			r.log.Warn("kubernetes: cannot read the node list and the ConfigMap; a peer without state must not claim addresses on its own, so it waits for the API server", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return init, ctx.Err()
+		case <-time.After(2 * time.Second):
+		}
+	}
+}
+
+// kubeReclaim takes over the ranges of a peer whose Node was deleted; the
+// kube package calls it on exactly one live router per peer.
+func (r *Router) kubeReclaim(_ context.Context, peer string) error {
+	name := ipalloc.PeerName(peer)
+	if err := ipalloc.ValidatePeerName(name); err != nil {
+		return err
+	}
+	if r.alivePeers()[name] {
+		return fmt.Errorf("peer %s is alive: its ranges stay with it", peer)
+	}
+	err := r.ipam.PeerGone(name)
+	if err != nil && strings.Contains(err.Error(), "is taking over its ranges already") {
+		return nil // another peer's reclaim in the allocator: it finishes it
+	}
+	if err == nil {
+		r.log.Info(fmt.Sprintf("kubernetes: node of peer %s deleted: reclaiming its ranges", peer))
+	}
+	return err
+}
+
+// routineKube feeds the node list to the mesh as join targets, records the
+// ring's first claim in the ConfigMap once there is a ring, and clears the
+// node's NetworkUnavailable condition once the router is ready.
+func (r *Router) routineKube(ctx context.Context) {
+	var joined []string
+	recorded, available := false, false
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	for {
+		if addrs := r.kube.PeerAddrs(); !slices.Equal(addrs, joined) {
+			if err := r.mesh.AddTargets(addrs...); err != nil {
+				r.log.Warn("kubernetes: a node address is not usable as a peer", "err", err)
+			} else {
+				joined = addrs
+			}
+		}
+		if !recorded {
+			recorded = r.recordClaim(ctx)
+		}
+		if ok, _ := r.Ready(); ok && !available {
+			if err := r.kube.SetNetworkAvailable(ctx); err == nil {
+				available = true
+				r.log.Info("kubernetes: cleared the node's NetworkUnavailable condition", "node", r.cfg.NodeName)
+			} else if ctx.Err() == nil {
+				r.log.Warn("kubernetes: cannot clear the node's NetworkUnavailable condition; retrying", "err", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.kube.Changes():
+		case <-t.C:
+		}
+	}
+}
+
+// recordClaim writes the ring's first claim into the ConfigMap, once the
+// ring is claimed, and reports whether that is done. A different claim
+// recorded there means this ring was claimed apart from the cluster's:
+// the allocator refuses the other ring, and the log says how to recover.
+func (r *Router) recordClaim(ctx context.Context) bool {
+	ring := r.ipam.Ring()
+	if ring.Empty() || ring.Seed == 0 {
+		return false
+	}
+	mine := kube.Claim{Seed: ring.Seed, Universe: r.cfg.Universe, By: r.name, Time: time.Now().UTC()}
+	got, err := r.kube.RecordClaim(ctx, mine)
+	if err != nil {
+		var corrupt *kube.CorruptError
+		if errors.As(err, &corrupt) || ctx.Err() != nil {
+			return false
+		}
+		r.log.Debug("kubernetes: recording the first claim failed; retrying", "err", err)
+		return false
+	}
+	if got.Seed != ring.Seed {
+		r.log.Error(fmt.Sprintf("kubernetes: this peer's ring (seed %s) is not the cluster's (seed %s, recorded by %s): it was claimed apart; "+
+			"take this node out with 'weft reset --force' and restart it to join the cluster's ring", ring.Seed, got.Seed, got.By))
+	}
+	return true
+}
