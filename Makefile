@@ -12,7 +12,7 @@ export WEFT_BIN_DIR := $(BIN)
 # Debian packages the tests, the demo and the benchmarks use.
 APT_PKGS := iproute2 nftables iputils-ping iperf3 tcpdump containernetworking-plugins
 
-.PHONY: all deps build test test-unit fuzz demo bench clean
+.PHONY: all deps build test test-unit fuzz demo bench clean kube-tools image
 
 all: build
 
@@ -31,8 +31,9 @@ build:
 	$(GO) build -o $(BIN)/portmap github.com/containernetworking/plugins/plugins/meta/portmap
 
 # test: everything, with the race detector; root tests run for real in
-# network namespaces that the tests make and remove.
-test: deps build
+# network namespaces that the tests make and remove. kube-tools first: the
+# Kubernetes tests run a real etcd and kube-apiserver (built once, cached).
+test: deps build kube-tools
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 20m ./...
 	$(MAKE) --no-print-directory fuzz FUZZTIME=50000x
@@ -61,8 +62,22 @@ bench: deps build
 	$(GO) run ./e2e/cmd/cnibench -n 100
 	$(GO) run ./mesh/cmd/meshbench -n 10,50,100 -loss 0,0.1 -runs 5 -idle 30s
 	$(GO) run ./tunnel/cmd/tunnelbench
+	$(GO) run ./e2e/cmd/podbench
 	$(GO) test -run '^$$' -bench . -benchmem ./ipalloc/
 	$(GO) test -run '^$$' -bench LocalAPIAllocate -benchtime 2000x ./router/
+
+# kube-tools builds etcd, kube-apiserver and kubectl (pinned by
+# e2e/kubeapi/tools) into the tools cache (WEFT_TOOLS_CACHE, default
+# /var/cache/weft-tools) for the control-plane tests: minutes the first time,
+# once per go.sum of that module; instant afterwards.
+kube-tools:
+	$(GO) run ./e2e/kubeapi/cmd/kube-tools
+
+# image: bin/weft-image.tar, static weft, weft-cni and portmap on an empty
+# base, built without a Docker engine; load it with `docker load -i` or
+# `ctr -n k8s.io images import` (docs/kubernetes.md).
+image:
+	$(GO) run ./hack/image -o $(BIN)/weft-image.tar -version $(VERSION)
 
 clean:
 	rm -rf $(BIN)

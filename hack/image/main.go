@@ -1,0 +1,390 @@
+// Command image builds the weft container image as a tarball, without a
+// Docker engine and without pulling anything: static (CGO_ENABLED=0) builds
+// of weft, weft-cni and portmap in /usr/bin on an empty base.
+//
+//	go run ./hack/image -o bin/weft-image.tar -version v0.1.0   # make image
+//
+// The tarball is in the format `docker save` writes, which both
+// `docker load -i` and `ctr -n k8s.io images import` read. Layer timestamps
+// and the creation time are $SOURCE_DATE_EPOCH (default 0), so the same
+// binaries give the same image digest.
+package main
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"debug/elf"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+)
+
+// binDir is where the binaries sit in the image; the router finds weft-cni
+// and portmap beside itself.
+const binDir = "usr/bin"
+
+// versionVar is the variable that `weft version` prints.
+const versionVar = "github.com/weft-net/weft/router.Version"
+
+// program is one binary of the image and the package that builds it.
+type program struct {
+	Name string
+	Pkg  string
+}
+
+// programs are the binaries in the image.
+var programs = []program{
+	{Name: "weft", Pkg: "./cmd/weft"},
+	{Name: "weft-cni", Pkg: "./cmd/weft-cni"},
+	{Name: "portmap", Pkg: "github.com/containernetworking/plugins/plugins/meta/portmap"},
+}
+
+// File is one regular file of the image.
+type File struct {
+	Path string      // in the image, relative, e.g. usr/bin/weft
+	Mode os.FileMode // permission bits
+	Data []byte
+}
+
+// Spec is what goes into the image's config.
+type Spec struct {
+	Version string    // label and tag
+	Arch    string    // GOARCH, e.g. amd64
+	Created time.Time // creation time and every file's mtime
+}
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintf(os.Stderr, "image: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	out := flag.String("o", "bin/weft-image.tar", "output tarball")
+	version := flag.String("version", "dev", "version stamped into weft and the image label and tag")
+	arch := flag.String("arch", runtime.GOARCH, "GOARCH of the image")
+	fromDir := flag.String("bin-dir", "", "take the binaries from this directory instead of building them (they must be static)")
+	var tags tagList
+	flag.Var(&tags, "tag", "image name:tag, repeatable (default weft:latest and weft:<version>)")
+	flag.Parse()
+	if flag.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q: every option is a flag", flag.Args())
+	}
+	if len(tags) == 0 {
+		tags = tagList{"weft:latest", "weft:" + sanitizeTag(*version)}
+	}
+	created, err := sourceDateEpoch()
+	if err != nil {
+		return err
+	}
+	spec := Spec{Version: *version, Arch: *arch, Created: created}
+	dir := *fromDir
+	if dir == "" {
+		tmp, err := os.MkdirTemp("", "weft-image-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(tmp)
+		if err := buildPrograms(context.Background(), tmp, spec); err != nil {
+			return err
+		}
+		dir = tmp
+	}
+	files, err := readPrograms(dir)
+	if err != nil {
+		return err
+	}
+	img, err := Image(files, spec)
+	if err != nil {
+		return err
+	}
+	if err := Write(*out, img, tags); err != nil {
+		return err
+	}
+	digest, err := img.Digest()
+	if err != nil {
+		return err
+	}
+	fmt.Printf("wrote %s: %s (linux/%s), digest %s\n", *out, strings.Join(tags, ", "), spec.Arch, digest)
+	return nil
+}
+
+// tagList is a repeatable -tag flag.
+type tagList []string
+
+func (t *tagList) String() string { return strings.Join(*t, ",") }
+
+func (t *tagList) Set(s string) error {
+	if _, err := name.NewTag(s); err != nil {
+		return fmt.Errorf("invalid -tag %q: give name:tag, e.g. weft:v0.1.0: %w", s, err)
+	}
+	*t = append(*t, s)
+	return nil
+}
+
+// sanitizeTag makes a version usable as a tag: `git describe` output such
+// as v0.1.0-3-gabc+dirty would otherwise be refused.
+func sanitizeTag(v string) string {
+	var b strings.Builder
+	for _, r := range v {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '_', r == '.', r == '-':
+			b.WriteRune(r)
+		default:
+			b.WriteByte('-')
+		}
+	}
+	s := strings.TrimLeft(b.String(), ".-")
+	if s == "" {
+		return "dev"
+	}
+	if len(s) > 128 {
+		s = s[:128]
+	}
+	return s
+}
+
+// sourceDateEpoch is $SOURCE_DATE_EPOCH (seconds), or the Unix epoch.
+func sourceDateEpoch() (time.Time, error) {
+	s := os.Getenv("SOURCE_DATE_EPOCH")
+	if s == "" {
+		return time.Unix(0, 0).UTC(), nil
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 0 {
+		return time.Time{}, fmt.Errorf("invalid SOURCE_DATE_EPOCH %q: give seconds since 1970", s)
+	}
+	return time.Unix(n, 0).UTC(), nil
+}
+
+// buildPrograms builds every program statically into dir, from the weft
+// module that holds the working directory.
+func buildPrograms(ctx context.Context, dir string, spec Spec) error {
+	root, err := moduleRoot()
+	if err != nil {
+		return err
+	}
+	for _, p := range programs {
+		fmt.Fprintf(os.Stderr, "building %s (linux/%s, static)\n", p.Name, spec.Arch)
+		cmd := exec.CommandContext(ctx, "go", "build", "-trimpath",
+			"-ldflags", fmt.Sprintf("-s -w -X %s=%s", versionVar, spec.Version),
+			"-o", filepath.Join(dir, p.Name), p.Pkg)
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+spec.Arch)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("building %s: %w: %s", p.Name, err, bytes.TrimSpace(out))
+		}
+	}
+	return nil
+}
+
+// moduleRoot walks up from the working directory to the weft module's go.mod.
+func moduleRoot() (string, error) {
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for dir := wd; ; dir = filepath.Dir(dir) {
+		data, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+		if err == nil && bytes.Contains(data, []byte("module github.com/weft-net/weft\n")) {
+			return dir, nil
+		}
+		if filepath.Dir(dir) == dir {
+			return "", fmt.Errorf("%s is not inside the weft repository: run from there (make image)", wd)
+		}
+	}
+}
+
+// readPrograms reads every program from dir and checks that each is a
+// static executable, since the image has no C library to link against.
+func readPrograms(dir string) ([]File, error) {
+	var files []File
+	for _, p := range programs {
+		src := filepath.Join(dir, p.Name)
+		data, err := os.ReadFile(src)
+		if err != nil {
+			return nil, fmt.Errorf("reading %s for the image: %w", p.Name, err)
+		}
+		if err := checkStatic(src); err != nil {
+			return nil, err
+		}
+		files = append(files, File{Path: path.Join(binDir, p.Name), Mode: 0o755, Data: data})
+	}
+	return files, nil
+}
+
+// checkStatic refuses an ELF file that needs a dynamic loader or shared
+// libraries.
+func checkStatic(p string) error {
+	f, err := elf.Open(p)
+	if err != nil {
+		return fmt.Errorf("%s is not an ELF executable: %w", p, err)
+	}
+	defer f.Close()
+	for _, prog := range f.Progs {
+		if prog.Type == elf.PT_INTERP {
+			return fmt.Errorf("%s is dynamically linked; the image has no C library: build it with CGO_ENABLED=0", p)
+		}
+	}
+	if libs, err := f.ImportedLibraries(); err == nil && len(libs) > 0 {
+		return fmt.Errorf("%s needs shared libraries %v; build it with CGO_ENABLED=0", p, libs)
+	}
+	return nil
+}
+
+// Image puts files into one layer on an empty base and sets the config:
+// entrypoint weft, command router, linux/spec.Arch, every time spec.Created.
+func Image(files []File, spec Spec) (v1.Image, error) {
+	layerTar, err := layerTar(files, spec.Created)
+	if err != nil {
+		return nil, err
+	}
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
+		return io.NopCloser(bytes.NewReader(layerTar)), nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("image layer: %w", err)
+	}
+	created := v1.Time{Time: spec.Created}
+	img, err := mutate.Append(empty.Image, mutate.Addendum{
+		Layer: layer,
+		History: v1.History{
+			Created:   created,
+			CreatedBy: "weft hack/image: " + strings.Join(paths(files), " "),
+			Comment:   "weft " + spec.Version,
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("image layer: %w", err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return nil, fmt.Errorf("image config: %w", err)
+	}
+	cf = cf.DeepCopy()
+	cf.OS = "linux"
+	cf.Architecture = spec.Arch
+	cf.Created = created
+	cf.Author = "weft"
+	cf.Config = v1.Config{
+		Entrypoint: []string{"/" + path.Join(binDir, "weft")},
+		Cmd:        []string{"router"},
+		Env:        []string{"PATH=/usr/bin:/bin"},
+		WorkingDir: "/",
+		Labels: map[string]string{
+			"org.opencontainers.image.title":       "weft",
+			"org.opencontainers.image.description": "weft: an overlay pod network for Kubernetes (router, CNI plugin, portmap)",
+			"org.opencontainers.image.version":     spec.Version,
+		},
+	}
+	img, err = mutate.ConfigFile(img, cf)
+	if err != nil {
+		return nil, fmt.Errorf("image config: %w", err)
+	}
+	return img, nil
+}
+
+// paths lists the files' paths, sorted.
+func paths(files []File) []string {
+	var ps []string
+	for _, f := range files {
+		ps = append(ps, "/"+f.Path)
+	}
+	sort.Strings(ps)
+	return ps
+}
+
+// layerTar is an uncompressed tar of files with their parent directories,
+// sorted, owned by root, every mtime t: the same files give the same bytes.
+func layerTar(files []File, t time.Time) ([]byte, error) {
+	dirs := map[string]bool{}
+	for _, f := range files {
+		if f.Path == "" || path.IsAbs(f.Path) || path.Clean(f.Path) != f.Path || strings.HasPrefix(f.Path, "../") {
+			return nil, fmt.Errorf("image file path %q: give a clean relative path such as usr/bin/weft", f.Path)
+		}
+		for d := path.Dir(f.Path); d != "."; d = path.Dir(d) {
+			dirs[d] = true
+		}
+	}
+	type entry struct {
+		hdr  *tar.Header
+		data []byte
+	}
+	var entries []entry
+	for d := range dirs {
+		entries = append(entries, entry{hdr: &tar.Header{Typeflag: tar.TypeDir, Name: d + "/", Mode: 0o755}})
+	}
+	seen := map[string]bool{}
+	for _, f := range files {
+		if seen[f.Path] {
+			return nil, fmt.Errorf("image file %q given twice", f.Path)
+		}
+		seen[f.Path] = true
+		entries = append(entries, entry{hdr: &tar.Header{Typeflag: tar.TypeReg, Name: f.Path, Mode: int64(f.Mode.Perm()), Size: int64(len(f.Data))}, data: f.Data})
+	}
+	sort.Slice(entries, func(i, j int) bool { return entries[i].hdr.Name < entries[j].hdr.Name })
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, e := range entries {
+		e.hdr.ModTime = t
+		e.hdr.Format = tar.FormatPAX
+		e.hdr.Uname, e.hdr.Gname = "root", "root"
+		if err := tw.WriteHeader(e.hdr); err != nil {
+			return nil, fmt.Errorf("image layer: %w", err)
+		}
+		if _, err := tw.Write(e.data); err != nil {
+			return nil, fmt.Errorf("image layer: %w", err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return nil, fmt.Errorf("image layer: %w", err)
+	}
+	return buf.Bytes(), nil
+}
+
+// Write writes img as a `docker save` tarball with every tag, through a
+// temporary file renamed into place.
+func Write(out string, img v1.Image, tags []string) error {
+	if len(tags) == 0 {
+		return errors.New("the image needs at least one tag")
+	}
+	refs := map[name.Reference]v1.Image{}
+	for _, t := range tags {
+		tag, err := name.NewTag(t)
+		if err != nil {
+			return fmt.Errorf("invalid tag %q: %w", t, err)
+		}
+		refs[tag] = img
+	}
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		return err
+	}
+	tmp := out + ".tmp"
+	if err := tarball.MultiRefWriteToFile(tmp, refs); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("writing %s: %w", out, err)
+	}
+	if err := os.Rename(tmp, out); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("writing %s: %w", out, err)
+	}
+	return nil
+}
