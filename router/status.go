@@ -48,8 +48,11 @@ type RouterReport struct {
 
 // IPAMReport describes the allocator.
 type IPAMReport struct {
-	Status        string          `json:"status"`
-	Range         string          `json:"range"`
+	Status string `json:"status"`
+	Range  string `json:"range"`
+	// Seed identifies the first claim the ring grew from: every peer of
+	// one cluster shows the same; "none" before the first claim.
+	Seed          string          `json:"seed"`
 	DefaultSubnet string          `json:"defaultSubnet"`
 	Owned         []string        `json:"owned"`
 	Stats         ipalloc.Stats   `json:"stats"`
@@ -96,6 +99,7 @@ func (r *Router) Report() Report {
 		IPAM: IPAMReport{
 			Status:        r.ipamStatus(snap),
 			Range:         snap.Universe.String(),
+			Seed:          snap.Ring.Seed.String(),
 			DefaultSubnet: snap.Universe.String(),
 			Stats:         snap.Stats,
 			Entries:       snap.Ring.Entries,
