@@ -304,11 +304,12 @@ func (r *recorder) get() []string {
 	return append([]string(nil), r.calls...)
 }
 
-// updateBarrier is a client whose ConfigMap updates that match hold until
+// UpdateBarrier is a client whose ConfigMap updates that match hold until
 // n of them have arrived (or 5 s pass): n routers that read the same
-// version then all write, and the compare-and-swap must pick one. The
-// wait is outside the fake's lock, which serializes its reactors.
-type updateBarrier struct {
+// version then all write, and the compare-and-swap must pick one. (With
+// the fake, the wait is outside its lock, which serializes its reactors.)
+// Exported for the real-server tests of package kube_test.
+type UpdateBarrier struct {
 	kubernetes.Interface
 	match   func(*corev1.ConfigMap) bool
 	mu      sync.Mutex
@@ -316,19 +317,20 @@ type updateBarrier struct {
 	allHere chan struct{}
 }
 
-func newUpdateBarrier(f *casFake, n int, match func(*corev1.ConfigMap) bool) *updateBarrier {
-	return &updateBarrier{Interface: f, match: match, n: n, allHere: make(chan struct{})}
+// NewUpdateBarrier wraps c.
+func NewUpdateBarrier(c kubernetes.Interface, n int, match func(*corev1.ConfigMap) bool) *UpdateBarrier {
+	return &UpdateBarrier{Interface: c, match: match, n: n, allHere: make(chan struct{})}
 }
 
-// IsWatchListSemanticsUnSupported passes on the fake's answer to the
-// informer: it lists, then watches.
-func (b *updateBarrier) IsWatchListSemanticsUnSupported() bool { return true }
+// IsWatchListSemanticsUnSupported makes the informer list, then watch (the
+// fake's answer; with a real server it only skips the streaming list).
+func (b *UpdateBarrier) IsWatchListSemanticsUnSupported() bool { return true }
 
-func (b *updateBarrier) CoreV1() typedcorev1.CoreV1Interface {
+func (b *UpdateBarrier) CoreV1() typedcorev1.CoreV1Interface {
 	return barrierCore{CoreV1Interface: b.Interface.CoreV1(), b: b}
 }
 
-func (b *updateBarrier) arrive(cm *corev1.ConfigMap) {
+func (b *UpdateBarrier) arrive(cm *corev1.ConfigMap) {
 	if !b.match(cm) {
 		return
 	}
@@ -350,7 +352,7 @@ func (b *updateBarrier) arrive(cm *corev1.ConfigMap) {
 
 type barrierCore struct {
 	typedcorev1.CoreV1Interface
-	b *updateBarrier
+	b *UpdateBarrier
 }
 
 func (c barrierCore) ConfigMaps(ns string) typedcorev1.ConfigMapInterface {
@@ -359,7 +361,7 @@ func (c barrierCore) ConfigMaps(ns string) typedcorev1.ConfigMapInterface {
 
 type barrierCMs struct {
 	typedcorev1.ConfigMapInterface
-	b *updateBarrier
+	b *UpdateBarrier
 }
 
 func (c barrierCMs) Update(ctx context.Context, cm *corev1.ConfigMap, opts metav1.UpdateOptions) (*corev1.ConfigMap, error) {

@@ -58,7 +58,7 @@ func TestReclaimRace(t *testing.T) {
 		var stops []func()
 		// Every router's marker write waits until all three have read
 		// the ConfigMap and try to write: a real race, every round.
-		bar := newUpdateBarrier(f, 3, func(cm *corev1.ConfigMap) bool {
+		bar := NewUpdateBarrier(f, 3, func(cm *corev1.ConfigMap) bool {
 			return strings.Contains(cm.Data[KeyPeers], `"reclaimer"`)
 		})
 		for _, n := range []string{"a", "b", "d"} {

@@ -72,13 +72,10 @@ func (o op) String() string { return o.verb + " " + o.resource }
 // failure and is retried.
 const callTimeout = 15 * time.Second
 
-// errPermanent marks an error that retrying cannot fix.
-var errPermanent = errors.New("permanent")
-
 // permanent reports whether the API server's answer will not change on
 // retry: the request itself is wrong.
 func permanent(err error) bool {
-	return errors.Is(err, errPermanent) || apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) ||
+	return apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) ||
 		apierrors.IsRequestEntityTooLargeError(err) || apierrors.IsMethodNotSupported(err) ||
 		apierrors.IsNotAcceptable(err) || apierrors.IsUnsupportedMediaType(err)
 }

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 
+	"k8s.io/klog/v2"
+
 	"github.com/weft-net/weft/router"
 )
 
@@ -89,6 +91,8 @@ func cmdRouter(args []string) error {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: v.Level}))
+	// client-go logs through klog: into the same log, as one stream.
+	klog.SetSlogLogger(log.With("component", "client-go"))
 	log.Info(fmt.Sprintf("Command line options: %v", cfg.Options()))
 	log.Info("weft router starting", "version", router.Version)
 

@@ -240,6 +240,25 @@ func TestRoutersOnKubernetes(t *testing.T) {
 	if claimed != 1 {
 		t.Fatalf("%d routers reclaimed n2's ranges, want exactly 1\n--- n0\n%s\n--- n1\n%s", claimed, n0.Router().LogTail(30), n1.Router().LogTail(30))
 	}
+
+	// The API server goes away: a router that restarts meanwhile runs on
+	// its saved ring and remembered peers, and keeps its pods connected.
+	if err := srv.APIServer.Stop(5 * time.Second); err != nil {
+		t.Logf("stopping kube-apiserver: %v", err)
+	}
+	if err := n0.Router().Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if err := n0.WaitReady(ctx); err != nil {
+		t.Fatalf("n0 without an API server: %v\n%s", err, n0.Router().LogTail(40))
+	}
+	p1, err := n1.AddPod(ctx, "c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e2e.Ping(ctx, p0.NS, p1.IP); err != nil {
+		t.Fatalf("pods across nodes without an API server: %v", err)
+	}
 }
 
 func networkUnavailable(ctx context.Context, cs kubernetes.Interface, node string) corev1.ConditionStatus {
