@@ -19,11 +19,13 @@ func TestDemo(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var out bytes.Buffer
-	if err := Demo(ctx, DemoOptions{Nodes: 1, Pods: 3, Out: &out}); err != nil {
+	// What `make demo` runs: three nodes, two pods each.
+	if err := Demo(ctx, DemoOptions{Nodes: 3, Pods: 2, Out: &out}); err != nil {
 		t.Fatalf("demo failed: %v\n%s", err, out.String())
 	}
-	for _, want := range []string{"6 of 6 pairs reached", "every pod reached every other pod and its gateway",
-		"Service: ipam", "Status: ready", "(3 active)", "done: nothing left behind"} {
+	for _, want := range []string{"30 of 30 pairs reached", "every pod reached every other pod and every node's bridge",
+		"Service: ipam", "Status: ready", "Peers: 3", "Encapsulation: auto (udp: 2 peers)", "established  alive  udp",
+		"done: nothing left behind"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out.String())
 		}
@@ -33,7 +35,7 @@ func TestDemo(t *testing.T) {
 	if list, _ := exec.CommandContext(ctx, "ip", "netns", "list").Output(); strings.Contains(string(list), prefix) {
 		t.Errorf("demo left namespaces with prefix %s:\n%s", prefix, list)
 	}
-	if err := Demo(ctx, DemoOptions{Nodes: 2, Pods: 1, Out: &out}); err == nil || !strings.Contains(err.Error(), "--nodes") {
-		t.Errorf("a multi-node demo before the data plane: %v", err)
+	if err := Demo(ctx, DemoOptions{Nodes: MaxDemoNodes + 1, Pods: 1, Out: &out}); err == nil || !strings.Contains(err.Error(), "--nodes") {
+		t.Errorf("a demo of %d nodes: %v, want an error about --nodes", MaxDemoNodes+1, err)
 	}
 }
