@@ -679,6 +679,19 @@ func TestSecurityIntruder(t *testing.T) {
 	})
 	members, intruder := c.Nodes[:3], c.Nodes[3]
 	t.Logf("three members ready after %v", time.Since(start).Round(time.Millisecond))
+	// The password is never logged; the options line says it is there.
+	for _, n := range c.Nodes {
+		data, err := os.ReadFile(n.RouterLog)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(data), "correct horse") || strings.Contains(string(data), "not the cluster's password") {
+			t.Fatalf("%s's log shows a password", n.Name)
+		}
+		if !strings.Contains(string(data), "password:<redacted>") {
+			t.Errorf("%s's options line does not say a password is set", n.Name)
+		}
+	}
 
 	// Watch, for the whole test and at least 12s, that the intruder shows up
 	// in no member's peer list and sees no one itself.
