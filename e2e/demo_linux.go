@@ -2,10 +2,14 @@ package e2e
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -18,8 +22,11 @@ type DemoOptions struct {
 	Keep  bool // stay up until ctx ends, for poking around
 	// Encap is the routers' --encap (udp, ipip, auto); empty = their default.
 	Encap string
-	Out   io.Writer
-	Log   *slog.Logger // the harness's own log (quiet by default)
+	// Encrypt gives every router the same random password (a file in the
+	// run's directory): authenticated gossip, encrypted pod traffic.
+	Encrypt bool
+	Out     io.Writer
+	Log     *slog.Logger // the harness's own log (quiet by default)
 	// BinDir is where the weft binaries are; empty = FindBinDir.
 	BinDir string
 }
@@ -70,6 +77,17 @@ func Demo(ctx context.Context, o DemoOptions) (err error) {
 	args := []string{"--peers", strings.Join(peers, ",")} // as a DaemonSet's peer list
 	if o.Encap != "" {
 		args = append(args, "--encap", o.Encap)
+	}
+	if o.Encrypt {
+		key := make([]byte, 24)
+		if _, err := rand.Read(key); err != nil {
+			return err
+		}
+		pw := filepath.Join(run.Dir(), "password")
+		if err := os.WriteFile(pw, []byte(base64.StdEncoding.EncodeToString(key)+"\n"), 0o600); err != nil {
+			return err
+		}
+		args = append(args, "--password-file", pw)
 	}
 	for _, n := range c.Nodes {
 		step("starting weft router on %s (namespace %s, %s): weft router %s", n.Name, n.NS, n.UnderlayIP, strings.Join(args, " "))

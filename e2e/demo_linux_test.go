@@ -35,6 +35,17 @@ func TestDemo(t *testing.T) {
 	if list, _ := exec.CommandContext(ctx, "ip", "netns", "list").Output(); strings.Contains(string(list), prefix) {
 		t.Errorf("demo left namespaces with prefix %s:\n%s", prefix, list)
 	}
+	// With --encrypt: two nodes, encrypted both ways.
+	out.Reset()
+	if err := Demo(ctx, DemoOptions{Nodes: 2, Pods: 1, Encrypt: true, Out: &out}); err != nil {
+		t.Fatalf("demo --encrypt failed: %v\n%s", err, out.String())
+	}
+	if got := strings.Count(out.String(), "Encryption: enabled"); got != 2 {
+		t.Errorf("demo --encrypt shows Encryption: enabled %d times, want 2:\n%s", got, out.String())
+	}
+	if got := strings.Count(out.String(), "udp  encrypted"); got != 2 {
+		t.Errorf("demo --encrypt shows %d encrypted connections, want 2:\n%s", got, out.String())
+	}
 	if err := Demo(ctx, DemoOptions{Nodes: MaxDemoNodes + 1, Pods: 1, Out: &out}); err == nil || !strings.Contains(err.Error(), "--nodes") {
 		t.Errorf("a demo of %d nodes: %v, want an error about --nodes", MaxDemoNodes+1, err)
 	}
