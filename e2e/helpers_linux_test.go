@@ -12,6 +12,14 @@ import (
 // DaemonSet's peer list would be) plus args, and waits until all are ready.
 func startMeshCluster(t *testing.T, n int, args ...string) (*Cluster, context.Context) {
 	t.Helper()
+	return startSecCluster(t, n, n, func(*Node) []string { return args })
+}
+
+// startSecCluster makes an n-node cluster and starts a router in every node
+// with every node's underlay address as --peers plus args(node); it waits
+// until the first ready nodes are ready (the others may never be).
+func startSecCluster(t *testing.T, n, ready int, args func(*Node) []string) (*Cluster, context.Context) {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("e2e: skipped in -short mode")
 	}
@@ -27,11 +35,11 @@ func startMeshCluster(t *testing.T, n int, args ...string) (*Cluster, context.Co
 		all = append(all, node.UnderlayIP.String())
 	}
 	for _, node := range c.Nodes {
-		if _, err := node.StartRouter(append([]string{"--peers", strings.Join(all, ",")}, args...)...); err != nil {
+		if _, err := node.StartRouter(append([]string{"--peers", strings.Join(all, ",")}, args(node)...)...); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for _, node := range c.Nodes {
+	for _, node := range c.Nodes[:ready] {
 		if err := node.WaitReady(ctx); err != nil {
 			t.Fatal(err)
 		}

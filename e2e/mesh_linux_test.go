@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 )
 
 // meshReport is the part of /report these tests read.
@@ -45,22 +44,10 @@ func peerStates(ctx context.Context, n *Node) map[string]string {
 	return out
 }
 
-// waitUntil polls cond until it holds or ctx ends.
+// waitUntil polls cond until it holds or ctx ends (WaitUntil).
 func waitUntil(t *testing.T, ctx context.Context, what string, cond func() (bool, string)) {
 	t.Helper()
-	last := ""
-	for {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		last = state
-		select {
-		case <-ctx.Done():
-			t.Fatalf("timed out waiting for %s; last seen: %s", what, last)
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
+	WaitUntil(t, ctx, what, cond)
 }
 
 // TestMeshThreeNodes: three routers in three node namespaces joined over the

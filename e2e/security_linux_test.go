@@ -55,38 +55,6 @@ func writePassword(t *testing.T, name, password string) string {
 	return path
 }
 
-// startSecCluster makes an n-node cluster and starts a router in every node
-// with every node's underlay address as --peers plus args(node); it waits
-// until the first ready nodes are ready (the others may never be).
-func startSecCluster(t *testing.T, n, ready int, args func(*Node) []string) (*Cluster, context.Context) {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("e2e: skipped in -short mode")
-	}
-	run := NewTestRun(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	t.Cleanup(cancel)
-	c, err := run.NewCluster(ctx, ClusterOpts{Nodes: n})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var all []string
-	for _, node := range c.Nodes {
-		all = append(all, node.UnderlayIP.String())
-	}
-	for _, node := range c.Nodes {
-		if _, err := node.StartRouter(append([]string{"--peers", strings.Join(all, ",")}, args(node)...)...); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, node := range c.Nodes[:ready] {
-		if err := node.WaitReady(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return c, ctx
-}
-
 // metricSamples fetches n's /metrics and returns the samples of metric name
 // by their label set as written (e.g. `reason="auth"`; "" without labels).
 func metricSamples(ctx context.Context, n *Node, name string) (map[string]float64, error) {

@@ -1,10 +1,12 @@
 package e2e
 
 import (
+	"context"
 	"log/slog"
 	"os"
 	"strings"
 	"sync"
+	"time"
 )
 
 // TB is the part of testing.TB that NewTestRun uses; *testing.T and
@@ -85,4 +87,23 @@ func (w *tbWriter) stop() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.stopped = true
+}
+
+// WaitUntil polls cond every 200ms until it holds, and fails the test when
+// ctx ends first, with what it waited for and the last state cond gave.
+func WaitUntil(t TB, ctx context.Context, what string, cond func() (ok bool, state string)) {
+	t.Helper()
+	last := ""
+	for {
+		ok, state := cond()
+		if ok {
+			return
+		}
+		last = state
+		select {
+		case <-ctx.Done():
+			t.Fatalf("timed out waiting for %s; last seen: %s", what, last)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }

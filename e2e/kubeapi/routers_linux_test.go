@@ -46,22 +46,10 @@ func reportOf(ctx context.Context, n *e2e.Node) (routerReport, error) {
 	return rep, json.Unmarshal(data, &rep)
 }
 
-// eventually polls cond until it holds or ctx ends.
+// eventually polls cond until it holds or ctx ends (e2e.WaitUntil).
 func eventually(t *testing.T, ctx context.Context, what string, cond func() (bool, string)) {
 	t.Helper()
-	last := ""
-	for {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		last = state
-		select {
-		case <-ctx.Done():
-			t.Fatalf("timed out waiting for %s; last seen: %s", what, last)
-		case <-time.After(300 * time.Millisecond):
-		}
-	}
+	e2e.WaitUntil(t, ctx, what, cond)
 }
 
 func countInFile(t *testing.T, path, s string) int {
