@@ -68,6 +68,10 @@ type Peer struct {
 	leave     *leaving          // weft reset: set once this peer left
 	leftDirty bool              // persist leave.heir
 	ringPeers map[PeerName]bool // peers whose (claimed) ring this one merged: they share its seed
+	// foreign are peers whose ring was refused as seeded apart (a split
+	// cluster): they are not live peers of this ring. Soft state: a split
+	// ring is refused again on every gossip.
+	foreign   map[PeerName]bool
 	departed  map[PeerName]bool // peers that left and handed their ranges here (since start)
 	found     map[Key]Address   // addresses in use on the node, to hold once owned (HoldFound)
 	foundWarn map[Key]bool      // found addresses reported as another peer's
@@ -321,6 +325,7 @@ func NewPeer(cfg PeerConfig, hs HardState) (*Peer, error) {
 		gossip:   NewRing(cfg.Universe),
 
 		ringPeers: map[PeerName]bool{},
+		foreign:   map[PeerName]bool{},
 		departed:  map[PeerName]bool{},
 	}
 	for _, n := range cfg.Peers {
@@ -413,7 +418,7 @@ func (p *Peer) AddPeer(name PeerName) {
 // live reports whether q counts as a live peer: known, not removed.
 func (p *Peer) live(q PeerName) bool {
 	_, gone := p.removed[q]
-	return q != p.cfg.Self && !gone
+	return q != p.cfg.Self && !gone && !p.foreign[q]
 }
 
 // livePeers lists the live peers this one knows, sorted.
@@ -589,8 +594,19 @@ func (p *Peer) Step(from PeerName, m Msg) error {
 	default:
 		return fmt.Errorf("%w: unexpected %T", ErrBadMessage, m)
 	}
-	if err == nil && ring != nil && !ring.Empty() && !p.a.ring.Empty() {
+	switch {
+	case err == nil && ring != nil && !ring.Empty() && !p.a.ring.Empty():
 		p.ringPeers[from] = true
+		delete(p.foreign, from)
+	case errors.Is(err, ErrSplitRing) && !p.foreign[from]:
+		// A peer of another ring never acknowledges this ring's removals,
+		// takes no donation from it and cannot be its heir: waiting for it
+		// would hold every reclaim forever. It shares no entry with this
+		// ring (rings seeded apart are never merged), so nothing it says
+		// can bring a removed peer's ranges back.
+		p.foreign[from] = true
+		p.event(false, "ipalloc: %s's ring was seeded apart from this one: it no longer counts as a live peer of this ring", from)
+		p.completeReclaims()
 	}
 	return err
 }

@@ -21,6 +21,7 @@ type cluster struct {
 	answer map[Key]Answer
 	events []string
 	cut    map[PeerName]bool // peers whose messages are lost
+	split  bool              // refused rings (seeded apart) are expected
 }
 
 func newCluster(t *testing.T, universe string, inits map[PeerName]Init) *cluster {
@@ -89,7 +90,7 @@ func (c *cluster) run(ticks int) {
 			if err != nil {
 				c.t.Fatal(err)
 			}
-			if err := to.Step(m.from, msg); err != nil && !errors.Is(err, ErrRemovedPeer) {
+			if err := to.Step(m.from, msg); err != nil && !errors.Is(err, ErrRemovedPeer) && !(c.split && errors.Is(err, ErrSplitRing)) {
 				c.t.Fatalf("%s -> %s: %v", m.from, m.to, err)
 			}
 			c.ready(m.to)
@@ -297,6 +298,36 @@ func TestPeerGone(t *testing.T) {
 	c.ready("b")
 	if !c.hasEvent("b: ipalloc: a is removing this peer") {
 		t.Errorf("no warning: %v", c.events)
+	}
+}
+
+// TestPeerGoneInSplitCluster: a peer of a ring seeded apart (a split
+// cluster) never acknowledges this ring's removals; once its ring has been
+// refused it stops counting as a live peer, so the reclaim completes.
+func TestPeerGoneInSplitCluster(t *testing.T) {
+	ours := []PeerName{"a", "b", "c"}
+	c := newCluster(t, "10.32.0.0/24", map[PeerName]Init{"a": {Seeds: ours}, "b": {Seeds: ours}, "c": {Seeds: ours}, "z": {Seeds: []PeerName{"z"}}})
+	c.split = true
+	c.run(5) // z's ring and theirs meet, and are refused both ways
+	if !c.hasEvent("a: ipalloc: z's ring was seeded apart from this one") {
+		t.Fatalf("a did not mark z's ring as foreign: %v", c.events)
+	}
+	c.peers["c"] = nil // c dies
+	a := c.peers["a"]
+	if err := a.PeerGone("c"); err != nil {
+		t.Fatal(err)
+	}
+	c.ready("a")
+	c.run(20)
+	if slices.Contains(a.Ring().Peers(), "c") {
+		t.Fatalf("the reclaim of c waits for z, a peer of another ring: %+v", a.Status().Reclaims)
+	}
+	if !c.hasEvent("rmpeer of c:") || !c.peers["b"].Ring().Equal(a.Ring()) {
+		t.Errorf("no takeover, or b's ring differs: %v", c.events)
+	}
+	// z's ring is untouched: it still owns everything of its own.
+	if got := c.peers["z"].Ring().Peers(); !slices.Equal(got, []PeerName{"z"}) {
+		t.Errorf("z's ring changed: %v", got)
 	}
 }
 
