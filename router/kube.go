@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/http"
 	"slices"
 	"strings"
 	"time"
@@ -72,6 +74,12 @@ func (r *Router) kubeInit(ctx context.Context, init ipalloc.Init) (ipalloc.Init,
 	}
 	start := time.Now()
 	slow := false
+	var interim *http.Server
+	defer func() {
+		if interim != nil {
+			interim.Close()
+		}
+	}()
 	for {
 		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		err := r.kube.WaitSynced(wctx)
@@ -96,6 +104,9 @@ func (r *Router) kubeInit(ctx context.Context, init ipalloc.Init) (ipalloc.Init,
 			r.log.Info(fmt.Sprintf("kubernetes: no first claim recorded; consensus among the cluster's %d nodes (quorum %d)", n, n/2+1))
 			return ipalloc.Init{Consensus: n}, nil
 		}
+		if interim == nil {
+			interim = r.serveWaiting("waiting for the Kubernetes API to decide the first claim: " + err.Error())
+		}
 		if !slow && time.Since(start) > kubeStartWait {
 			slow = true
 			r.log.Warn("kubernetes: cannot read the node list and the ConfigMap; a peer without state must not claim addresses on its own, so it waits for the API server", "err", err)
@@ -106,6 +117,25 @@ func (r *Router) kubeInit(ctx context.Context, init ipalloc.Init) (ipalloc.Init,
 		case <-time.After(2 * time.Second):
 		}
 	}
+}
+
+// serveWaiting answers the status address while the router cannot start
+// yet: /healthz says it is alive (so a liveness probe does not restart a
+// router that is only waiting), everything else says what it waits for.
+// Nil if the address cannot be served (the real server reports that later).
+func (r *Router) serveWaiting(reason string) *http.Server {
+	ln, err := net.Listen("tcp", r.cfg.HTTPAddr)
+	if err != nil {
+		return nil
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "not ready: "+reason, http.StatusServiceUnavailable)
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(ln)
+	return srv
 }
 
 // kubeReclaim takes over the ranges of a peer whose Node was deleted; the

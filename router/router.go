@@ -146,8 +146,16 @@ func (r *Router) Run(ctx context.Context) (runErr error) {
 	kubeCtx, stopKube := context.WithCancel(ctx)
 	defer func() {
 		stopKube()
-		if r.kubeDone != nil {
-			<-r.kubeDone
+		if r.kubeDone == nil {
+			return
+		}
+		// client-go's informer can take long to wind down while the API
+		// server is unreachable; the process is exiting, so do not wait
+		// for it beyond a moment.
+		select {
+		case <-r.kubeDone:
+		case <-time.After(2 * time.Second):
+			r.log.Warn("kubernetes: the node watch did not stop within 2s; exiting without it")
 		}
 	}()
 	if r.cfg.Kube {

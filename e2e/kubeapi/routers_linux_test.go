@@ -247,6 +247,28 @@ func TestRoutersOnKubernetes(t *testing.T) {
 	if err := e2e.Ping(ctx, p0.NS, p1.IP); err != nil {
 		t.Fatalf("pods across nodes without an API server: %v", err)
 	}
+
+	// A node without state cannot decide its first claim without the API
+	// server: it waits, alive (a liveness probe must not restart it) and
+	// not ready, saying why.
+	fresh := t.TempDir()
+	if _, err := n2.StartRouter("--kube", "--kubeconfig", id.Kubeconfig, "--node-name", n2.Name,
+		"--state-dir", fresh, "--name", "02:00:00:00:00:99"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, ctx, "the fresh router alive and saying what it waits for", func() (bool, string) {
+		if _, err := n2.HTTPGet(ctx, "/healthz"); err != nil {
+			return false, err.Error()
+		}
+		_, err := n2.HTTPGet(ctx, "/readyz")
+		return err != nil && strings.Contains(err.Error(), "waiting for the Kubernetes API"), fmt.Sprint(err)
+	})
+	// Both stop promptly on SIGTERM, API server or not.
+	for _, n := range []*e2e.Node{n0, n2} {
+		if err := n.Router().Stop(); err != nil {
+			t.Errorf("%s: %v\n%s", n.Name, err, n.Router().LogTail(25))
+		}
+	}
 }
 
 func networkUnavailable(ctx context.Context, cs kubernetes.Interface, node string) corev1.ConditionStatus {
