@@ -67,16 +67,9 @@ func (d *Device) routineReadTUN(q tun.Queue) error {
 				t.drop[dropLocal]++
 				continue
 			}
-			p := s.peers[owner]
-			switch {
-			case p == nil:
-				t.drop[dropNoPeer]++
-				continue
-			case p.noKey:
-				t.drop[dropNoKey]++
-				continue
-			case p.tunIdx < 0:
-				t.drop[dropIncompatible]++
+			p, r := s.sendPath(owner)
+			if r != dropNone {
+				t.drop[r]++
 				continue
 			}
 			mi := p.tunIdx
@@ -261,19 +254,12 @@ func (d *Device) routineRecv(mi int, b conn.Bind, q tun.Queue) error {
 			}
 			// The range has moved on (a donation the sender has not heard
 			// of): forward once more, marked, as a router would: TTL down.
-			p := s.peers[owner]
-			switch {
-			case p == nil:
-				t.drop[dropNoPeer]++
-				continue
-			case p.noKey:
-				t.drop[dropNoKey]++
-				continue
-			case p.tunIdx < 0:
-				t.drop[dropIncompatible]++
-				continue
-			case !decTTL(inner):
-				t.drop[dropTTL]++
+			p, r := s.sendPath(owner)
+			if r == dropNone && !decTTL(inner) {
+				r = dropTTL
+			}
+			if r != dropNone {
+				t.drop[r]++
 				continue
 			}
 			fi := p.tunIdx
@@ -343,3 +329,18 @@ func (s *slab) next() []byte {
 }
 
 func (s *slab) reset() { s.used = 0 }
+
+// sendPath is how packets for owner leave this node, or why they cannot:
+// no such peer, no session key yet, or no encapsulation in common.
+func (s *snapshot) sendPath(owner string) (*peerPath, dropReason) {
+	p := s.peers[owner]
+	switch {
+	case p == nil:
+		return nil, dropNoPeer
+	case p.noKey:
+		return nil, dropNoKey
+	case p.tunIdx < 0:
+		return nil, dropIncompatible
+	}
+	return p, dropNone
+}
