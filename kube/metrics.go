@@ -2,6 +2,8 @@ package kube
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/weft-net/weft/internal/promreg"
 )
 
 // metrics are the package's Prometheus collectors. They always exist
@@ -32,18 +34,8 @@ func newMetrics(reg prometheus.Registerer, k *Kube) (*metrics, error) {
 			Help: "Nodes in the cluster, as this router's informer sees them.",
 		}, func() float64 { return float64(k.NodeCount()) }),
 	}
-	if reg == nil {
-		return m, nil
-	}
-	var done []prometheus.Collector
-	for _, c := range []prometheus.Collector{m.apiErrors, m.conflicts, m.reclaims, m.nodes} {
-		if err := reg.Register(c); err != nil {
-			for _, d := range done {
-				reg.Unregister(d)
-			}
-			return nil, err
-		}
-		done = append(done, c)
+	if err := promreg.Register(reg, m.apiErrors, m.conflicts, m.reclaims, m.nodes); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

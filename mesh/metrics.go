@@ -2,6 +2,8 @@ package mesh
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/weft-net/weft/internal/promreg"
 )
 
 // metrics are the mesh's Prometheus collectors. They always exist (tests
@@ -58,17 +60,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{reasonTruncated, reasonOversized, reasonMalformed, reasonVersion, reasonUnknown, reasonRejected, reasonQueueFull, reasonTooLarge} {
 		m.dropped.WithLabelValues(r)
 	}
-	if reg != nil {
-		var done []prometheus.Collector
-		for _, c := range m.collectors() {
-			if err := reg.Register(c); err != nil {
-				for _, d := range done {
-					reg.Unregister(d)
-				}
-				return nil, err
-			}
-			done = append(done, c)
-		}
+	if err := promreg.Register(reg, m.collectors()...); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

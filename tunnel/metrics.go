@@ -2,6 +2,8 @@ package tunnel
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/weft-net/weft/internal/promreg"
 )
 
 // dropReason is why a packet was dropped; each has a counter.
@@ -112,14 +114,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for r := range numDropReasons {
 		m.drop[r] = m.dropped.WithLabelValues(dropReasonNames[r])
 	}
+	cs := []prometheus.Collector{m.packets, m.bytes, m.dropped, m.icmp, m.peerMode}
+	if err := promreg.Register(reg, cs...); err != nil {
+		return nil, err
+	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.packets, m.bytes, m.dropped, m.icmp, m.peerMode} {
-			if err := reg.Register(c); err != nil {
-				m.unregister(reg)
-				return nil, err
-			}
-			m.collected = append(m.collected, c)
-		}
+		m.collected = cs
 	}
 	return m, nil
 }
