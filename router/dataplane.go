@@ -44,7 +44,7 @@ func (r *Router) openTunnel() error {
 	if r.keys != nil {
 		cfg.PSK = r.keys.PSK[:]
 	}
-	d, err := tunnel.New(cfg)
+	d, err := r.kernel.NewTunnel(cfg)
 	if err != nil {
 		return fmt.Errorf("data plane: %w", err)
 	}

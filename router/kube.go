@@ -21,10 +21,10 @@ import (
 // must: see kubeInit).
 const kubeStartWait = 30 * time.Second
 
-// startKube connects to the API server and starts watching the Nodes
-// (weft router --kube). It runs until ctx ends; the node list and the
-// ConfigMap are read by kubeInit, routineKube and the reclaim pass.
-func (r *Router) startKube(ctx context.Context) error {
+// newKube makes the client of the API server (weft router --kube); Node.Run
+// runs its watch of the Nodes. The node list and the ConfigMap are read by
+// kubeInit, routineKube and the reclaim pass.
+func (r *Router) newKube() error {
 	client, err := kube.NewClient(r.cfg.Kubeconfig, Version)
 	if err != nil {
 		return fmt.Errorf("--kube: %w", err)
@@ -37,23 +37,14 @@ func (r *Router) startKube(ctx context.Context) error {
 		PeerName:    r.name,
 		Nickname:    r.cfg.Nickname,
 		Reclaim:     r.kubeReclaim,
-		PeerAlive: func(peer string) bool {
-			return r.mesh != nil && r.alivePeers()[ipalloc.PeerName(peer)]
-		},
-		Logger:     r.log,
-		Registerer: r.metrics.reg,
+		PeerAlive:   r.peerMaybeAlive,
+		Logger:      r.log,
+		Registerer:  r.metrics.reg,
 	})
 	if err != nil {
 		return fmt.Errorf("--kube: %w", err)
 	}
 	r.kube = k
-	r.kubeDone = make(chan struct{})
-	go func() {
-		defer close(r.kubeDone)
-		if err := k.Run(ctx); err != nil {
-			r.log.Error("kubernetes: watching the nodes stopped", "err", err)
-		}
-	}()
 	r.log.Info("kubernetes: watching nodes", "node", r.cfg.NodeName, "configmap", r.cfg.KubeNamespace+"/"+kube.DefaultConfigMapName, "address-type", r.cfg.KubeAddressType)
 	return nil
 }
@@ -82,7 +73,7 @@ func (r *Router) kubeInit(ctx context.Context, init ipalloc.Init) (ipalloc.Init,
 	}()
 	for {
 		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := r.kube.WaitSynced(wctx)
+		nodes, err := r.kube.CountNodes(wctx)
 		var claim kube.Claim
 		var recorded bool
 		if err == nil {
@@ -100,7 +91,7 @@ func (r *Router) kubeInit(ctx context.Context, init ipalloc.Init) (ipalloc.Init,
 			r.log.Info("kubernetes: the ring was claimed already; this peer joins it and asks for space", "claim", claim.String())
 			return ipalloc.Init{Observer: true}, nil
 		case err == nil:
-			n := max(r.kube.NodeCount(), 1)
+			n := max(nodes, 1)
 			r.log.Info(fmt.Sprintf("kubernetes: no first claim recorded; consensus among the cluster's %d nodes (quorum %d)", n, n/2+1))
 			return ipalloc.Init{Consensus: n}, nil
 		}

@@ -7,7 +7,9 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"time"
 
+	"github.com/weft-net/weft/ipalloc"
 	"github.com/weft-net/weft/mesh"
 )
 
@@ -17,9 +19,10 @@ const (
 	keyKnownPeers = "known-peers"
 )
 
-// startMesh joins the mesh: the --peers targets plus the peers remembered
-// from the last run, retried in the background until reached.
-func (r *Router) startMesh(ctx context.Context) error {
+// newMesh makes the mesh with its targets: the --peers plus the peers
+// remembered from the last run, joined once it starts (and retried in the
+// background until reached).
+func (r *Router) newMesh() error {
 	remembered, err := r.loadKnownPeers()
 	if err != nil {
 		r.log.Warn("the remembered peers in the state are unreadable; joining --peers only", "err", err)
@@ -52,13 +55,45 @@ func (r *Router) startMesh(ctx context.Context) error {
 		m.Close()
 		return err
 	}
-	if err := m.Start(ctx); err != nil {
-		m.Close()
-		return err
-	}
 	r.mesh = m
 	r.knownPeers = remembered
 	return nil
+}
+
+// meshSettle is how long after the mesh started a peer it has not seen
+// alive may be taken for dead even though the mesh has not joined any peer
+// yet (a lone survivor whose peers are all gone).
+const meshSettle = 30 * time.Second
+
+// startMesh starts the mesh (joining its targets in the background) and
+// notes when, for meshSettled.
+func (r *Router) startMesh(ctx context.Context) error {
+	now := time.Now()
+	r.meshSince.Store(&now)
+	return r.mesh.Start(ctx)
+}
+
+// meshSettled reports whether the mesh's view of who is alive is
+// meaningful: it has started and joined another peer (memberlist's join
+// brings the other's whole view), or it started meshSettle ago.
+func (r *Router) meshSettled() bool {
+	since := r.meshSince.Load()
+	if since == nil {
+		return false
+	}
+	return len(r.alivePeers()) > 0 || time.Since(*since) >= meshSettle
+}
+
+// peerMaybeAlive is the Kubernetes side's guard against reclaiming the
+// ranges of a live peer whose Node was deleted: true for a peer the mesh
+// sees alive (or only suspects), and for every peer while the mesh has not
+// settled: right after a restart the view is empty, and a peer that is not
+// seen yet may well be alive.
+func (r *Router) peerMaybeAlive(peer string) bool {
+	if !r.meshSettled() {
+		return true
+	}
+	return r.alivePeers()[ipalloc.PeerName(peer)]
 }
 
 // gossipKey is the memberlist key derived from the password; nil without one.

@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -40,16 +40,18 @@ type Router struct {
 	name    string
 	srcDir  string // where weft-cni and portmap are installed from
 
-	mesh       *mesh.Mesh    // set by Run
-	ipamCh     *mesh.Channel // the allocator's gossip channel
-	knownPeers []string      // as last saved
-	resetCh    chan struct{} // weft reset succeeded: tear down and exit
+	kernel Kernel // the node's network: underlay, bridge, tunnel
 
-	kube     *kube.Kube    // --kube: the Kubernetes side, set by Run
-	kubeDone chan struct{} // closed when kube.Run has returned
+	mesh       *mesh.Mesh                // set by Build
+	ipamCh     *mesh.Channel             // the allocator's gossip channel
+	knownPeers []string                  // as last saved
+	meshSince  atomic.Pointer[time.Time] // when the mesh started; nil before
+	resetCh    chan struct{}             // weft reset succeeded: tear down and exit
+
+	kube *kube.Kube // --kube: the Kubernetes side, set by Build
 
 	keys          *crypt.Keys    // from the password; nil without one
-	tunnel        *tunnel.Device // the data plane, set by Run
+	tunnel        *tunnel.Device // the data plane, set by Build
 	dataplaneKick chan struct{}
 	lastRanges    []tunnel.OwnedRange // as last applied, by routineDataplane only
 	lastResync    time.Time           // by routineDataplane only
@@ -87,14 +89,15 @@ func (r *Router) setReady(ok bool, reason string) {
 	r.ready, r.reason = ok, reason
 }
 
-// New opens the peer's state and loads its allocator. It takes the state
-// dir's lock, so a second router on the same state fails here.
+// New opens the peer's state and reads its identity: the first step of
+// Build (tests of the logic above the network start from it). It takes the
+// state dir's lock, so a second router on the same state fails here.
 func New(cfg *Validated, log *slog.Logger) (*Router, error) {
 	db, err := state.Open(cfg.StateDir)
 	if err != nil {
 		return nil, err
 	}
-	r := &Router{cfg: cfg, log: log, db: db, reason: "starting", resetCh: make(chan struct{}, 1), dataplaneKick: make(chan struct{}, 1)}
+	r := &Router{cfg: cfg, log: log, db: db, kernel: HostKernel{}, reason: "starting", resetCh: make(chan struct{}, 1), dataplaneKick: make(chan struct{}, 1)}
 	fail := func(err error) (*Router, error) { db.Close(); return nil, err }
 
 	r.name, err = db.PeerName(cfg.Name)
@@ -120,163 +123,7 @@ func New(cfg *Validated, log *slog.Logger) (*Router, error) {
 // Name is this peer's name.
 func (r *Router) Name() string { return r.name }
 
-// Run sets the node up, serves until ctx ends, then shuts down in this
-// order: the servers, the allocator, the mesh (leaving it), the state.
-// Pods, the bridge and the CNI config are left in place so that a restart
-// (or an upgrade) disturbs nothing. After weft reset, Run removes the
-// bridge with its nftables table, the CNI config and the state file too.
-func (r *Router) Run(ctx context.Context) (runErr error) {
-	reset := false
-	defer func() {
-		if err := r.db.Close(); err != nil {
-			r.log.Warn("closing the state", "err", err)
-		}
-		if reset {
-			if err := os.Remove(r.db.Path()); err != nil && !errors.Is(err, os.ErrNotExist) {
-				runErr = errors.Join(runErr, fmt.Errorf("weft reset: removing the state: %w", err))
-				return
-			}
-			r.log.Info("weft reset: removed the state", "path", r.db.Path())
-		}
-	}()
-
-	if err := r.setupUnderlay(); err != nil {
-		return err
-	}
-	kubeCtx, stopKube := context.WithCancel(ctx)
-	defer func() {
-		stopKube()
-		if r.kubeDone == nil {
-			return
-		}
-		// client-go's informer can take long to wind down while the API
-		// server is unreachable; the process is exiting, so do not wait
-		// for it beyond a moment.
-		select {
-		case <-r.kubeDone:
-		case <-time.After(2 * time.Second):
-			r.log.Warn("kubernetes: the node watch did not stop within 2s; exiting without it")
-		}
-	}()
-	if r.cfg.Kube {
-		if err := r.startKube(kubeCtx); err != nil {
-			return err
-		}
-	}
-	if err := r.openIPAM(ctx); err != nil {
-		return err
-	}
-	r.reclaimFromBridge()
-	if err := r.deriveKeys(); err != nil {
-		return err
-	}
-	if err := r.openTunnel(); err != nil {
-		return err
-	}
-	defer r.tunnel.Close() // also when Run fails before the tunnel runs
-	if err := r.startMesh(ctx); err != nil {
-		return err
-	}
-	defer func() {
-		r.saveKnownPeers()
-		if err := r.mesh.Close(); err != nil {
-			r.log.Warn("closing the mesh", "err", err)
-		}
-	}()
-
-	apiLn, err := listenUnix(r.cfg.Socket)
-	if err != nil {
-		return err
-	}
-	statusLn, err := net.Listen("tcp", r.cfg.HTTPAddr)
-	if err != nil {
-		apiLn.Close()
-		return fmt.Errorf("status server on --http-addr %s: %w (is another router using it? give each its own)", r.cfg.HTTPAddr, err)
-	}
-	loopback := false
-	if ap, err := netip.ParseAddrPort(statusLn.Addr().String()); err == nil {
-		loopback = ap.Addr().IsLoopback()
-	}
-	if !loopback {
-		r.log.Warn("the status server listens beyond loopback; it is read-only, but anyone who can reach it can read this node's state", "http-addr", statusLn.Addr())
-	}
-	apiSrv := &http.Server{Handler: (&localAPI{r: r}).handler(), ReadHeaderTimeout: 10 * time.Second}
-	statusSrv := &http.Server{Handler: r.statusHandler(loopback), ReadHeaderTimeout: 10 * time.Second}
-
-	runCtx, stopRoutines := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	errc := make(chan error, 4)
-	serve := func(name string, s *http.Server, ln net.Listener) {
-		defer wg.Done()
-		if err := s.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			errc <- fmt.Errorf("%s: %w", name, err)
-		}
-	}
-	wg.Add(7)
-	go serve("local API", apiSrv, apiLn)
-	go func() {
-		defer wg.Done()
-		if err := r.tunnel.Run(runCtx); err != nil {
-			errc <- fmt.Errorf("data plane: %w", err)
-		}
-	}()
-	go func() { defer wg.Done(); r.routineDataplane(runCtx) }()
-	if r.kube != nil {
-		wg.Add(1)
-		go func() { defer wg.Done(); r.routineKube(runCtx) }()
-	}
-	go serve("status server", statusSrv, statusLn)
-	go func() { defer wg.Done(); r.ipam.Run(runCtx, meshTransport{ch: r.ipamCh}) }()
-	go func() { defer wg.Done(); r.routineMembers(runCtx) }()
-	go func() {
-		defer wg.Done()
-		if err := r.routineSetup(runCtx); err != nil {
-			errc <- err
-		}
-	}()
-	r.log.Info("serving", "local-api", r.cfg.Socket, "status", "http://"+statusLn.Addr().String()+"/status")
-
-	t := time.NewTicker(reconcileEvery)
-	defer t.Stop()
-loop:
-	for {
-		select {
-		case <-ctx.Done():
-			break loop
-		case <-r.resetCh:
-			reset = true
-			break loop
-		case err := <-errc:
-			runErr = err
-			break loop
-		case <-t.C:
-			if ok, _ := r.Ready(); ok {
-				if err := r.ensureBridge(); err != nil {
-					r.log.Error("re-ensuring the bridge failed", "err", err)
-				}
-			}
-			r.saveKnownPeers()
-			if err := r.ipam.Err(); err != nil {
-				runErr = err // restart, rebuilding from what is on disk
-				break loop
-			}
-		}
-	}
-	r.log.Info("shutting down")
-	shutCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = apiSrv.Shutdown(shutCtx)
-	_ = statusSrv.Shutdown(shutCtx)
-	stopRoutines()
-	wg.Wait()
-	if reset {
-		runErr = errors.Join(runErr, r.teardown())
-	}
-	os.Remove(r.cfg.Socket)
-	return runErr
-}
-
-// requestReset makes Run tear the node down and return (weft reset).
+// requestReset makes Node.Run tear the node down and return (weft reset).
 func (r *Router) requestReset() {
 	select {
 	case r.resetCh <- struct{}{}:
@@ -285,20 +132,15 @@ func (r *Router) requestReset() {
 }
 
 // teardown removes what the router made on the node: the CNI config, the
-// bridge and weft's nftables table. (Run removes the state last.) Pods'
-// veths lose their bridge; the CNI plugin binaries stay.
+// bridge and weft's nftables table. (Node.Run removes the state last.)
+// Pods' veths lose their bridge; the CNI plugin binaries stay.
 func (r *Router) teardown() error {
 	var errs []error
 	conf := filepath.Join(r.cfg.CNIConfDir, ConfListName)
 	if err := os.Remove(conf); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("weft reset: removing %s: %w", conf, err))
 	}
-	if err := bridge.Teardown("", r.cfg.Bridge, r.log); err != nil {
-		errs = append(errs, fmt.Errorf("weft reset: removing bridge %s: %w", r.cfg.Bridge, err))
-	}
-	// The TUN device went with the tunnel; a kernel IPIP device stays
-	// across restarts and is removed here.
-	if err := tunnel.RemoveKernelIPIP(tunnel.DefaultIPIPName); err != nil {
+	if err := r.kernel.Teardown(r.cfg.Bridge, r.log); err != nil {
 		errs = append(errs, fmt.Errorf("weft reset: %w", err))
 	}
 	return errors.Join(errs...)
@@ -306,7 +148,7 @@ func (r *Router) teardown() error {
 
 // setupUnderlay finds the underlay address and derives the pod MTU.
 func (r *Router) setupUnderlay() error {
-	ifName, underMTU, defAddr, routeErr := bridge.DefaultRouteMTU("")
+	ifName, underMTU, defAddr, routeErr := r.kernel.DefaultRoute()
 	host := r.cfg.Host
 	switch {
 	case host.IsValid():
@@ -380,7 +222,7 @@ func (r *Router) routineSetup(ctx context.Context) error {
 func (r *Router) ensureBridge() error {
 	ns := r.net()
 	// Ensure logs every change it makes itself.
-	if _, err := bridge.Ensure("", bridge.Config{Name: r.cfg.Bridge, MTU: ns.mtu, Gateway: ns.gateway, PodRange: r.cfg.Universe}, r.log); err != nil {
+	if err := r.kernel.EnsureBridge(bridge.Config{Name: r.cfg.Bridge, MTU: ns.mtu, Gateway: ns.gateway, PodRange: r.cfg.Universe}, r.log); err != nil {
 		return fmt.Errorf("setting up bridge %s: %w", r.cfg.Bridge, err)
 	}
 	return nil

@@ -96,13 +96,13 @@ func cmdRouter(args []string) error {
 	log.Info(fmt.Sprintf("Command line options: %v", cfg.Options()))
 	log.Info("weft router starting", "version", router.Version)
 
-	r, err := router.New(v, log)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	n, err := router.Build(ctx, v, log, nil)
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	return r.Run(ctx)
+	return n.Run(ctx)
 }
 
 func cmdVersion([]string) error {
