@@ -12,7 +12,7 @@ export WEFT_BIN_DIR := $(BIN)
 # Debian packages the tests, the demo and the benchmarks use.
 APT_PKGS := iproute2 nftables iputils-ping iperf3 tcpdump containernetworking-plugins
 
-.PHONY: all deps build test test-unit fuzz demo bench clean kube-tools image
+.PHONY: all deps build build-race test test-race-e2e test-unit fuzz demo bench clean kube-tools image
 
 all: build
 
@@ -30,13 +30,30 @@ build:
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/weft-cni ./cmd/weft-cni
 	$(GO) build -o $(BIN)/portmap github.com/containernetworking/plugins/plugins/meta/portmap
 
+# build-race: the binaries again, built with the race detector, into
+# bin/race, for test-race-e2e.
+RACE_BIN := $(BIN)/race
+build-race: build
+	$(GO) build -race -ldflags '$(LDFLAGS)' -o $(RACE_BIN)/weft ./cmd/weft
+	$(GO) build -race -o $(RACE_BIN)/weft-cni ./cmd/weft-cni
+	cp $(BIN)/portmap $(RACE_BIN)/portmap
+	@$(GO) version -m $(RACE_BIN)/weft | grep -q -- '-race=true' || { echo "$(RACE_BIN)/weft is not race-built"; exit 1; }
+
 # test: everything, with the race detector; root tests run for real in
 # network namespaces that the tests make and remove. kube-tools first: the
 # Kubernetes tests run a real etcd and kube-apiserver (built once, cached).
-test: deps build kube-tools
+test: deps build build-race kube-tools
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 20m ./...
+	$(MAKE) --no-print-directory test-race-e2e
 	$(MAKE) --no-print-directory fuzz FUZZTIME=50000x
+
+# test-race-e2e: the multi-node and --kube tests again, with race-built
+# routers and CNI plugins (bin/race): a data race a daemon reports in its
+# log fails the test (e2e.NewTestRun scans every daemon's log).
+RACE_E2E ?= ThreeNodes|Dataplane|Reclaim|SplitRings|OnKubernetes|RouterRestart
+test-race-e2e: deps build-race kube-tools
+	WEFT_BIN_DIR=$(RACE_BIN) $(GO) test -race -count=1 -timeout 20m -run '$(RACE_E2E)' ./e2e/ ./e2e/kubeapi/
 
 test-unit:
 	$(GO) test -race -short ./...

@@ -51,9 +51,43 @@ func NewTestRun(t TB) *Run {
 		if err := r.Close(); err != nil {
 			t.Errorf("%v", err)
 		}
+		// Race-built daemons (make test-race-e2e) report a data race on
+		// their stderr, into their log, and go on: any such report fails
+		// the test, whatever else it checked.
+		for _, f := range r.LogFiles() {
+			if race := RaceReport(f); race != "" {
+				t.Errorf("e2e: a data race in a daemon, reported in %s:\n%s", f, race)
+			}
+		}
 		w.stop()
 	})
 	return r
+}
+
+// raceMarker starts the race detector's report of a data race.
+const raceMarker = "WARNING: DATA RACE"
+
+// RaceReport returns the first data race report in a log file (the
+// report of a race-built daemon), or "" if it has none.
+func RaceReport(path string) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	s := string(data)
+	i := strings.Index(s, raceMarker)
+	if i < 0 {
+		return ""
+	}
+	s = s[i:]
+	if j := strings.Index(s, "\n==================\n"); j >= 0 {
+		s = s[:j]
+	}
+	const max = 8000
+	if len(s) > max {
+		s = s[:max] + "\n..."
+	}
+	return s
 }
 
 // DumpLogs passes the tail of every non-empty log of the run to logf.
