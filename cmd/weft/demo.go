@@ -8,11 +8,11 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/weft-net/weft/e2e"
+	"github.com/weft-net/weft/internal/nscluster"
 )
 
 func cmdDemo(args []string) error {
-	o := e2e.DemoOptions{Nodes: 3, Pods: 2, Out: os.Stdout}
+	o := nscluster.DemoOptions{Nodes: 3, Pods: 2, Out: os.Stdout}
 	fs := flag.NewFlagSet("weft demo", flag.ContinueOnError)
 	fs.IntVar(&o.Nodes, "nodes", o.Nodes, "nodes in the cluster")
 	fs.IntVar(&o.Pods, "pods", o.Pods, "pods per node")
@@ -28,7 +28,7 @@ func cmdDemo(args []string) error {
 	// Ctrl-C cancels the demo; Demo then removes everything before returning.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	err := e2e.Demo(ctx, o)
+	err := nscluster.Demo(ctx, o)
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}

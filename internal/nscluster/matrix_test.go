@@ -1,6 +1,8 @@
-package e2e
+package nscluster
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -72,5 +74,21 @@ func TestFindBinDir(t *testing.T) {
 	}
 	if _, err := binaryIn(t.TempDir(), "weft"); err == nil || !strings.Contains(err.Error(), "make build") {
 		t.Errorf("a missing binary must say to run make build, got %v", err)
+	}
+}
+
+// An installed weft finds its binaries beside itself, wherever it runs.
+func TestBinDirOfAnInstalledWeft(t *testing.T) {
+	inst := t.TempDir()
+	if err := os.WriteFile(filepath.Join(inst, "weft"), []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	elsewhere := t.TempDir()
+	if dir, err := binDirFrom(filepath.Join(inst, "weft"), elsewhere); err != nil || dir != inst {
+		t.Errorf("binDirFrom(an installed weft, outside the repository) = %s, %v; want %s", dir, err, inst)
+	}
+	_, err := binDirFrom(filepath.Join(elsewhere, "prog"), elsewhere)
+	if err == nil || !strings.Contains(err.Error(), "WEFT_BIN_DIR") {
+		t.Errorf("no weft beside the program and outside the repository: %v, want an error naming WEFT_BIN_DIR", err)
 	}
 }

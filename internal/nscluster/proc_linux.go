@@ -1,11 +1,13 @@
-package e2e
+package nscluster
 
 import (
+	"debug/buildinfo"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -13,6 +15,29 @@ import (
 // closeGrace is how long Close lets a daemon shut down after SIGTERM before
 // SIGKILL.
 const closeGrace = 3 * time.Second
+
+// raceSlowdown is how much longer a race-built daemon is given to stop.
+const raceSlowdown = 4
+
+// raceBuilt reports whether the program at path was built with -race
+// (make build-race): it runs several times slower.
+func raceBuilt(path string) bool {
+	if v, ok := raceBuilds.Load(path); ok {
+		return v.(bool)
+	}
+	race := false
+	if bi, err := buildinfo.ReadFile(path); err == nil {
+		for _, s := range bi.Settings {
+			if s.Key == "-race" && s.Value == "true" {
+				race = true
+			}
+		}
+	}
+	raceBuilds.Store(path, race)
+	return race
+}
+
+var raceBuilds sync.Map // path -> raceBuilt
 
 // Proc is a long-running process that a Run started inside a namespace.
 type Proc struct {
@@ -58,7 +83,11 @@ func (r *Run) Start(ns *Netns, name, logPath string, argv ...string) (*Proc, err
 		return nil, fmt.Errorf("e2e: starting %s (%s) in netns %s: %w", name, argv[0], ns.Name, err)
 	}
 	r.log.Info("process started", "name", name, "pid", p.pid, "netns", ns.Name, "log", logPath)
-	r.Defer(fmt.Sprintf("stop %s (pid %d)", name, p.pid), func() error { return p.Stop(closeGrace) })
+	grace := closeGrace
+	if raceBuilt(argv[0]) {
+		grace *= raceSlowdown
+	}
+	r.Defer(fmt.Sprintf("stop %s (pid %d)", name, p.pid), func() error { return p.Stop(grace) })
 	return p, nil
 }
 

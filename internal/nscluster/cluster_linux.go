@@ -1,4 +1,4 @@
-package e2e
+package nscluster
 
 import (
 	"context"
@@ -275,3 +275,11 @@ func prefixIPNet(p netip.Prefix) *net.IPNet {
 	}
 	return &net.IPNet{IP: net.IP(p.Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), bits)}
 }
+
+// The bridges a cluster is made of, for tests that look at them: the
+// underlay's (in the underlay namespace) and the pod bridge every router
+// of a cluster makes (--bridge).
+const (
+	UnderlayBridge = underlayBridge
+	RouterBridge   = routerBridge
+)
