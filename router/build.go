@@ -60,6 +60,7 @@ func Build(ctx context.Context, cfg *Validated, log *slog.Logger, kernel Kernel)
 	if err := r.deriveKeys(); err != nil {
 		return nil, err
 	}
+	r.freeKDFMemory()
 	if err := r.openTunnel(); err != nil {
 		return nil, err
 	}

@@ -215,6 +215,7 @@ func (r *Router) routineSetup(ctx context.Context) error {
 		r.log.Info("installed CNI file", "path", c)
 	}
 	r.setReady(true, "")
+	r.freeSetupMemory()
 	r.log.Info("ready: pods can be attached", "bridge", r.cfg.Bridge, "gateway", gw, "conflist", filepath.Join(r.cfg.CNIConfDir, ConfListName))
 	return nil
 }

@@ -53,8 +53,8 @@ func run() int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	fmt.Printf("| password | reading | router | VmRSS MiB | VmHWM MiB | Go heap in use MiB | Go runtime from OS MiB | goroutines |\n")
-	fmt.Printf("|---|---|---|---:|---:|---:|---:|---:|\n")
+	fmt.Printf("| password | reading | router | VmRSS MiB | VmHWM MiB | anonymous MiB | file MiB | Go heap in use MiB | Go runtime from OS MiB | goroutines |\n")
+	fmt.Printf("|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, pw := range []bool{false, true} {
 		if err := measure(ctx, log, *nodes, pw, *idle, *cycles); err != nil {
 			fmt.Fprintln(os.Stderr, "membench:", err)
@@ -112,8 +112,8 @@ func measure(ctx context.Context, log *slog.Logger, nodes int, password bool, id
 			if err != nil {
 				return fmt.Errorf("%s: %w", n.Name, err)
 			}
-			fmt.Printf("| %s | %s | %s | %.1f | %.1f | %.1f | %.1f | %d |\n", pw, what, n.Name,
-				mib(m.rss), mib(m.hwm), mib(m.heapInuse), mib(m.sys-m.released), m.goroutines)
+			fmt.Printf("| %s | %s | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %d |\n", pw, what, n.Name,
+				mib(m.rss), mib(m.hwm), mib(m.anon), mib(m.file), mib(m.heapInuse), mib(m.sys-m.released), m.goroutines)
 		}
 		return nil
 	}
@@ -139,7 +139,7 @@ func measure(ctx context.Context, log *slog.Logger, nodes int, password bool, id
 }
 
 type mem struct {
-	rss, hwm                 float64 // bytes
+	rss, hwm, anon, file     float64 // bytes
 	heapInuse, sys, released float64 // bytes, from /metrics
 	goroutines               int
 }
@@ -162,6 +162,10 @@ func readMem(ctx context.Context, n *nscluster.Node) (mem, error) {
 				m.rss = v * 1024
 			case "VmHWM:":
 				m.hwm = v * 1024
+			case "RssAnon:":
+				m.anon = v * 1024
+			case "RssFile:":
+				m.file = v * 1024
 			}
 		}
 	}
