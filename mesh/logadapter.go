@@ -58,6 +58,7 @@ var levelPrefixes = []struct {
 func (w *slogWriter) Write(p []byte) (int, error) {
 	n := len(p)
 	msg, level := parseMemberlistLine(p)
+	remote := strings.Contains(msg, " from=")
 	msg = sanitize(msg, maxLineLen)
 	ctx := context.Background()
 	if w.auth != nil {
@@ -67,7 +68,7 @@ func (w *slogWriter) Write(p []byte) (int, error) {
 		}
 	}
 	if level >= slog.LevelWarn {
-		if level > slog.LevelWarn && strings.Contains(msg, " from=") {
+		if level > slog.LevelWarn && remote {
 			level = slog.LevelWarn
 		}
 		held, ok := w.limit.allow(lineKind(msg), w.now())

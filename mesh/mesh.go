@@ -445,7 +445,7 @@ func (r *rateLimiter) allow(key string, now time.Time) (int, bool) {
 	if max <= 0 {
 		max = defaultMaxKeys
 	}
-	if _, ok := r.last[key]; !ok && len(r.last) >= max {
+	if _, ok := r.last[key]; !ok && len(r.last) >= max-1 {
 		key = ""
 	}
 	r.held[key]++
