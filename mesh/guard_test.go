@@ -162,7 +162,7 @@ func TestGuardStreamSlots(t *testing.T) {
 }
 
 // sealPacket seals b as memberlist does a packet ([1][nonce][ct+tag]).
-func sealPacket(t *testing.T, key, b, aad []byte) []byte {
+func sealPacket(t testing.TB, key, b, aad []byte) []byte {
 	block, err := aes.NewCipher(key)
 	if err != nil {
 		t.Fatal(err)
