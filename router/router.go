@@ -200,8 +200,8 @@ func (r *Router) Run(ctx context.Context) (runErr error) {
 	if !loopback {
 		r.log.Warn("the status server listens beyond loopback; it is read-only, but anyone who can reach it can read this node's state", "http-addr", statusLn.Addr())
 	}
-	apiSrv := &http.Server{Handler: (&localAPI{r: r}).handler(), ReadHeaderTimeout: 10 * time.Second}
-	statusSrv := &http.Server{Handler: r.statusHandler(loopback), ReadHeaderTimeout: 10 * time.Second}
+	apiSrv, apiLn := newServer((&localAPI{r: r}).handler(), localAPILimits), limitListener(apiLn, localAPILimits.MaxConns)
+	statusSrv, statusLn := newServer(r.statusHandler(loopback), statusLimits), limitListener(statusLn, statusLimits.MaxConns)
 
 	runCtx, stopRoutines := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -392,6 +392,9 @@ func (r *Router) ensureBridge() error {
 func listenUnix(path string) (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("creating the directory of --socket %s: %w", path, err)
+	}
+	if err := checkSocketDir(filepath.Dir(path)); err != nil {
+		return nil, err
 	}
 	if fi, err := os.Lstat(path); err == nil {
 		if fi.Mode()&os.ModeSocket == 0 {
