@@ -145,9 +145,7 @@ func New(cfg Config) (*Mesh, error) {
 		if bind == "" {
 			bind = "0.0.0.0"
 		}
-		nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{
-			BindAddrs: []string{bind}, BindPort: cfg.Port, Logger: m.mlLog,
-		})
+		nt, err := newUDPTransport(bind, cfg.Port, m.mlLog)
 		if err != nil {
 			return fail(fmt.Errorf("gossip port %d on %s (--port, TCP and UDP) is not available: %w; is another weft router or program using it? stop it or choose another --port", cfg.Port, bind, err))
 		}
@@ -180,10 +178,10 @@ func New(cfg Config) (*Mesh, error) {
 	return m, nil
 }
 
-// boundPort is the port a NetTransport bound when asked for port 0.
+// boundPort is the port the gossip transport bound when asked for port 0.
 func boundPort(t memberlist.Transport) int {
-	if nt, ok := t.(*memberlist.NetTransport); ok {
-		return nt.GetAutoBindPort()
+	if ut, ok := t.(*udpTransport); ok {
+		return ut.port()
 	}
 	return 0
 }
