@@ -4,7 +4,6 @@
 package router
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/weft-net/weft/ipalloc"
 	"github.com/weft-net/weft/tunnel"
+	"github.com/weft-net/weft/tunnel/crypt"
 )
 
 // Config is every option of `weft router`. Field tags name the flag.
@@ -243,7 +243,7 @@ func (c Config) Validate() (*Validated, error) {
 }
 
 // password reads the shared secret from --password-file or WEFT_PASSWORD,
-// with one rule for both (TrimPassword). Giving both is an error, so that
+// with one rule for both (passwordFrom). Giving both is an error, so that
 // nobody wonders which won; with RequirePassword, giving neither is too.
 func (c Config) password() ([]byte, error) {
 	var raw []byte
@@ -265,29 +265,30 @@ func (c Config) password() ([]byte, error) {
 	default:
 		return nil, nil
 	}
-	pw, err := TrimPassword(raw)
+	pw, err := passwordFrom(raw)
 	if err != nil {
 		return nil, fmt.Errorf("the password from %s: %w", from, err)
 	}
 	return pw, nil
 }
 
-// TrimPassword is the one rule for a password, from a file or from
-// WEFT_PASSWORD alike: the line breaks at its end (\n or \r\n, as an editor,
-// `echo` or a Secret made from a file leave them) are removed; nothing else
-// is, so spaces are part of the password. A line break inside, or any
-// other control character, is an error rather than a password that quietly
-// differs from the other nodes'. The result has at least MinPasswordLen
-// bytes.
-func TrimPassword(raw []byte) ([]byte, error) {
-	pw := bytes.TrimRight(raw, "\r\n")
+// passwordFrom is the one rule for a password, from a file or from
+// WEFT_PASSWORD alike: one line ending at its end (\n or \r\n, as an
+// editor, `echo` or a Secret made from a file leave it) is cut
+// (crypt.TrimPassword); nothing else is, so spaces are part of the
+// password. What is left must be one line of printable characters: a line
+// break or another control character is an error rather than a password
+// that quietly differs from the other nodes'. It has at least
+// MinPasswordLen bytes.
+func passwordFrom(raw []byte) ([]byte, error) {
+	pw := crypt.TrimPassword(raw)
 	if len(pw) == 0 {
 		return nil, errors.New("it is empty: put the cluster's password in it (the same on every node)")
 	}
 	for _, b := range pw {
 		if b < ' ' || b == 0x7f {
 			if b == '\n' || b == '\r' {
-				return nil, errors.New("it has more than one line: a password is one line (only the line break at its end is removed)")
+				return nil, errors.New("it has more than one line (or ends with two line breaks): a password is one line, and only the line break at its end is cut")
 			}
 			return nil, fmt.Errorf("it contains the control character %#02x: use printable characters (e.g. `openssl rand -base64 24`)", b)
 		}

@@ -101,7 +101,7 @@ func TestPassword(t *testing.T) {
 func TestPasswordOneRule(t *testing.T) {
 	dir := t.TempDir()
 	const pw = "  correct horse battery  "
-	for i, raw := range []string{pw, pw + "\n", pw + "\r\n", pw + "\n\n"} {
+	for i, raw := range []string{pw, pw + "\n", pw + "\r\n"} {
 		path := fmt.Sprintf("%s/pw%d", dir, i)
 		if err := os.WriteFile(path, []byte(raw), 0o600); err != nil {
 			t.Fatal(err)
@@ -115,13 +115,18 @@ func TestPasswordOneRule(t *testing.T) {
 	}
 	for raw, want := range map[string]string{
 		"first line long\nsecond line": "more than one line",
+		"two line breaks at the end\n\n": "more than one line",
 		"tab\tinside-the-password":     "control character 0x09",
 		"\r\n":                         "is empty",
 		"short\n":                       "at least 12",
 	} {
-		for _, c := range []Config{{Password: raw}} {
-			if _, err := c.password(); err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "WEFT_PASSWORD") {
-				t.Errorf("%q: %v, want an error naming WEFT_PASSWORD with %q", raw, err, want)
+		path := dir + "/bad"
+		if err := os.WriteFile(path, []byte(raw), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		for src, c := range map[string]Config{"WEFT_PASSWORD": {Password: raw}, "--password-file": {PasswordFile: path}} {
+			if _, err := c.password(); err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), src) {
+				t.Errorf("%q: %v, want an error naming %s with %q", raw, err, src, want)
 			}
 		}
 	}
