@@ -102,7 +102,7 @@ func TestGuardStreamTooLarge(t *testing.T) {
 // Budget bytes; the next is closed at once; once they time out, a stream
 // is admitted again.
 func TestGuardStreamSlots(t *testing.T) {
-	lim := PreAuthLimits{MaxStreamSize: 1 << 20, Budget: 2 << 20, MaxStreams: 8, MaxStreamsPerSource: 3, Timeout: 3 * time.Second}
+	lim := PreAuthLimits{MaxStreamSize: 1 << 20, Budget: 2 << 20, MaxStreams: 8, MaxStreamsPerSource: 3, Timeout: 6 * time.Second}
 	m, _ := startGuarded(t, lim)
 	addr := m.Addr().String()
 	announce := func(size uint32) net.Conn {
@@ -144,8 +144,14 @@ func TestGuardStreamSlots(t *testing.T) {
 		defer g.mu.Unlock()
 		return len(g.perSrc) == 1 && g.streams == 3
 	})
-	fourth := announce(100)
-	waitClosed(t, fourth, 2*time.Second)
+	// The fourth sends nothing: only the per-source cap closes it before
+	// the timeout.
+	fourth, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fourth.Close()
+	waitClosed(t, fourth, lim.Timeout/2)
 	if n := refusedCount(m, refusedBusy); n != 2 {
 		t.Errorf("busy refusals: %v, want 2", n)
 	}
