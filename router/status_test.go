@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -57,16 +58,26 @@ func TestStatusServer(t *testing.T) {
 
 // TestServerLimits: a client of the status server cannot keep connections
 // forever: one that sends nothing, one that stops halfway through its
-// headers and one left idle after a request are all closed, and past
-// MaxConns a new connection is closed at once while the others are held.
+// headers and one left idle after a request are all closed, and while
+// MaxConns are busy a new connection is closed at once instead of waiting.
 // (Before, the status server had only a header timeout and no cap.)
 func TestServerLimits(t *testing.T) {
-	lim := serverLimits{ReadHeaderTimeout: 300 * time.Millisecond, ReadTimeout: time.Second, WriteTimeout: time.Second, IdleTimeout: 300 * time.Millisecond, MaxHeaderBytes: 4 << 10, MaxConns: 3}
+	// ReadTimeout is long, so that the header and idle timeouts are what
+	// closes (http.Server falls back to ReadTimeout for both).
+	lim := serverLimits{ReadHeaderTimeout: 300 * time.Millisecond, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 300 * time.Millisecond, MaxHeaderBytes: 4 << 10, MaxConns: 3}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := newServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }), lim)
+	hold := make(chan struct{})
+	var held sync.WaitGroup
+	srv := newServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if req.URL.Path == "/hold" {
+			held.Done()
+			<-hold
+		}
+		io.WriteString(w, "ok")
+	}), lim)
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(limitListener(ln, lim.MaxConns)) }()
 	defer func() {
@@ -88,14 +99,32 @@ func TestServerLimits(t *testing.T) {
 		var ne net.Error
 		return !(errors.As(err, &ne) && ne.Timeout())
 	}
+
+	// Three requests in progress hold every slot; a fourth connection is
+	// closed at once.
+	held.Add(3)
+	var busy []net.Conn
+	for range 3 {
+		c := dial()
+		c.Write([]byte("GET /hold HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"))
+		busy = append(busy, c)
+	}
+	held.Wait()
+	if !closedWithin(dial(), 5*time.Second) {
+		t.Error("a connection past MaxConns was not closed while the others were busy")
+	}
+	close(hold)
+	for _, c := range busy {
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if b, _ := io.ReadAll(c); !strings.Contains(string(b), "200 OK") {
+			t.Errorf("a held request: %q", b)
+		}
+	}
+
+	// The timeouts.
 	silent, partial, idle := dial(), dial(), dial()
 	partial.Write([]byte("GET /status HTTP/1.1\r\nHost: 127"))
 	idle.Write([]byte("GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"))
-	// A fourth while three are held: closed at once.
-	extra := dial()
-	if !closedWithin(extra, 5*time.Second) {
-		t.Error("a connection past MaxConns was not closed")
-	}
 	buf := make([]byte, 512)
 	idle.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if n, err := idle.Read(buf); err != nil || !strings.Contains(string(buf[:n]), "200 OK") {
