@@ -345,3 +345,51 @@ func TestReportFromNoPeer(t *testing.T) {
 		t.Errorf("state: %+v, want a's and ghost's reports", reps)
 	}
 }
+
+// TestGuardPlaintextLimit: without a password nothing authenticates, but
+// memberlist reads at most MaxStreamSize of a stream: a push-pull that
+// announces 1 MiB of state is cut at 64 KiB and counted, and a stream with
+// a label header is refused before memberlist sees it.
+func TestGuardPlaintextLimit(t *testing.T) {
+	log, lb := newLogger(t, "a")
+	m, err := New(Config{Name: "a", BindAddr: "127.0.0.1", DataPort: 6784, Logger: log, Timings: testTimings(), PreAuth: PreAuthLimits{MaxStreamSize: 64 << 10}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if err := m.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", m.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// pushPullMsg, then memberlist's msgpack header {Nodes: 0,
+	// UserStateLen: 1 MiB, Join: false}, then the state.
+	hdr := []byte{6, 0x83, 0xa5}
+	hdr = append(hdr, "Nodes"...)
+	hdr = append(hdr, 0x00, 0xac)
+	hdr = append(hdr, "UserStateLen"...)
+	hdr = append(hdr, 0xce, 0, 0x10, 0, 0, 0xa4)
+	hdr = append(hdr, "Join"...)
+	hdr = append(hdr, 0xc2)
+	go func() {
+		c.Write(hdr)
+		c.Write(make([]byte, 1<<20))
+	}()
+	waitClosed(t, c, 5*time.Second)
+	waitFor(t, converge, "the over-limit refusal to be counted", func() bool { return refusedCount(m, refusedOverLimit) == 1 })
+
+	lc, err := net.Dial("tcp", m.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lc.Close()
+	lc.Write([]byte{mlHasLabelMsg, 4, 'e', 'v', 'i', 'l'})
+	waitClosed(t, lc, 5*time.Second)
+	waitFor(t, converge, "the label refusal to be counted", func() bool { return refusedCount(m, refusedLabel) == 1 })
+	if lb.contains("unacceptable label") {
+		t.Errorf("memberlist saw the label stream:\n%s", lb.String())
+	}
+}
