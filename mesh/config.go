@@ -82,6 +82,11 @@ type Config struct {
 	// defaults of DefaultTimings.
 	Timings Timings
 
+	// PreAuth bounds what the gossip port spends on packets and streams
+	// before they are authenticated (see PreAuthLimits); zero fields
+	// take the defaults.
+	PreAuth PreAuthLimits
+
 	// Transport replaces the UDP/TCP transport on BindAddr:Port, e.g. with
 	// meshtest's in-memory network. Nil for production.
 	Transport memberlist.NodeAwareTransport

@@ -94,10 +94,19 @@
 // With Config.SecretKey (the gossip key derived from the password),
 // memberlist encrypts and authenticates every packet and stream
 // (AES-256-GCM, its keyring) and refuses the rest, so a peer with no or
-// another password cannot join. The memberlist errors that say so become
-// one warning per remote address a minute ("peer 10.0.0.9:6783 failed
-// authentication: wrong or missing password ...") and are counted in
-// weft_mesh_auth_failures_total (logadapter.go). See docs/security.md.
+// another password cannot join. A guard between the socket and memberlist
+// (guard.go, transport.go) checks every incoming packet and stream against
+// the key before memberlist sees it, within PreAuthLimits: a stream may
+// carry at most MaxStreamSize, all unauthenticated streams together hold
+// at most Budget bytes and MaxStreams slots (MaxStreamsPerSource from one
+// address), each for at most Timeout. Refusals are counted by reason
+// (weft_mesh_preauth_refused_total) and logged at most once a minute per
+// reason; authentication failures become one warning per remote host a
+// minute, at most 8 hosts a minute ("peer 10.0.0.9:6783 failed
+// authentication: wrong or missing password ..."), counted in
+// weft_mesh_auth_failures_total (logadapter.go). memberlist's own lines
+// are sanitised and rate-limited by kind. A topology report is kept only
+// from a peer memberlist announced. See docs/security.md.
 //
 // See docs/mesh.md for the operator's view and docs/benchmarks.md for the
 // measurements (go run ./mesh/cmd/meshbench).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -54,6 +55,7 @@ type Mesh struct {
 	lookup    func(ctx context.Context, host string) ([]netip.Addr, error)
 	drops     rateLimiter
 	auth      *authFailures
+	mlLog     *log.Logger // memberlist's logger, shared by its transport and itself
 
 	dropMu     sync.Mutex
 	dropCounts map[string]uint64 // guarded by dropMu
@@ -113,7 +115,8 @@ func New(cfg Config) (*Mesh, error) {
 	}
 	m.drops.every = time.Minute
 	m.auth = &authFailures{log: m.log, count: met.authFailures, now: func() time.Time { return m.now() }}
-	m.auth.limit.every = time.Minute
+	m.auth.limit.every, m.auth.limit.maxKeys = time.Minute, maxAuthSources
+	m.mlLog = memberlistLogger(m.log, m.auth)
 	m.queue = &memberlist.TransmitLimitedQueue{
 		RetransmitMult: cfg.Timings.RetransmitMult,
 		NumNodes:       func() int { return int(m.numAlive.Load()) },
@@ -142,14 +145,19 @@ func New(cfg Config) (*Mesh, error) {
 		if bind == "" {
 			bind = "0.0.0.0"
 		}
-		nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{
-			BindAddrs: []string{bind}, BindPort: cfg.Port, Logger: memberlistLogger(m.log, m.auth),
-		})
+		nt, err := newUDPTransport(bind, cfg.Port, m.mlLog)
 		if err != nil {
 			return fail(fmt.Errorf("gossip port %d on %s (--port, TCP and UDP) is not available: %w; is another weft router or program using it? stop it or choose another --port", cfg.Port, bind, err))
 		}
 		m.transport = nt
 	}
+	inner := m.transport
+	g, err := newGuard(inner, cfg.SecretKey, cfg.PreAuth.withDefaults(cfg.Timings.TCPTimeout), m.refused, m.auth.failed)
+	if err != nil {
+		shutdownUnused(inner)
+		return fail(err)
+	}
+	m.transport = g
 	adv := cfg.AdvertiseAddr
 	if adv == "" && cfg.BindAddr != "" && cfg.BindAddr != "0.0.0.0" {
 		adv = cfg.BindAddr
@@ -157,7 +165,7 @@ func New(cfg Config) (*Mesh, error) {
 	ip, port, err := m.transport.FinalAdvertiseAddr(adv, cfg.Port)
 	if err == nil && port == 0 {
 		// An ephemeral port: advertise the one the transport bound.
-		ip, port, err = m.transport.FinalAdvertiseAddr(ip.String(), boundPort(m.transport))
+		ip, port, err = m.transport.FinalAdvertiseAddr(ip.String(), boundPort(inner))
 	}
 	if err != nil {
 		shutdownUnused(m.transport)
@@ -170,10 +178,10 @@ func New(cfg Config) (*Mesh, error) {
 	return m, nil
 }
 
-// boundPort is the port a NetTransport bound when asked for port 0.
+// boundPort is the port the gossip transport bound when asked for port 0.
 func boundPort(t memberlist.Transport) int {
-	if nt, ok := t.(*memberlist.NetTransport); ok {
-		return nt.GetAutoBindPort()
+	if ut, ok := t.(*udpTransport); ok {
+		return ut.port()
 	}
 	return 0
 }
@@ -245,7 +253,7 @@ func (m *Mesh) Start(ctx context.Context) error {
 	conf.Delegate = d
 	conf.Events = d
 	conf.Conflict = d
-	conf.Logger = memberlistLogger(m.log, m.auth)
+	conf.Logger = m.mlLog
 	if len(m.cfg.SecretKey) > 0 {
 		kr, err := memberlist.NewKeyring(nil, m.cfg.SecretKey)
 		if err != nil {
@@ -396,19 +404,47 @@ func (m *Mesh) droppedCounts() map[string]uint64 {
 }
 
 // rateLimiter lets one event per key through every `every`, counting the
-// ones it held back.
+// ones it held back. It is bounded: a key is forgotten once its window has
+// passed (swept at most once per window), and when maxKeys are tracked a
+// new key shares the overflow key "" with every other one, so a flood of
+// distinct keys (spoofed sources) costs at most maxKeys entries. The
+// count of events held back for a key may be lost when it expires.
 type rateLimiter struct {
-	every time.Duration
-	mu    sync.Mutex
-	last  map[string]time.Time
-	held  map[string]int
+	every   time.Duration
+	maxKeys int // 0: defaultMaxKeys
+	mu      sync.Mutex
+	last    map[string]time.Time
+	held    map[string]int
+	swept   time.Time
 }
 
+const defaultMaxKeys = 1024
+
+// allow counts an event for key; when it may be logged it returns the
+// number of events (this one included) since the last that was, and true.
 func (r *rateLimiter) allow(key string, now time.Time) (int, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.last == nil {
 		r.last, r.held = map[string]time.Time{}, map[string]int{}
+	}
+	if now.Sub(r.swept) >= r.every {
+		for k, t := range r.last {
+			// A key with events held back stays one window more, so
+			// that its next line still carries their count.
+			if age := now.Sub(t); age >= 2*r.every || age >= r.every && r.held[k] == 0 {
+				delete(r.last, k)
+				delete(r.held, k)
+			}
+		}
+		r.swept = now
+	}
+	max := r.maxKeys
+	if max <= 0 {
+		max = defaultMaxKeys
+	}
+	if _, ok := r.last[key]; !ok && len(r.last) >= max-1 {
+		key = ""
 	}
 	r.held[key]++
 	if last, ok := r.last[key]; ok && now.Sub(last) < r.every {
@@ -417,6 +453,26 @@ func (r *rateLimiter) allow(key string, now time.Time) (int, bool) {
 	n := r.held[key]
 	r.last[key], r.held[key] = now, 0
 	return n, true
+}
+
+// size is the number of keys tracked (for tests).
+func (r *rateLimiter) size() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.last)
+}
+
+// refused is the guard's report of a packet or stream it did not hand to
+// memberlist: counted by reason, at debug each time, and at most once a
+// minute per reason at info with the count. The error text is the
+// guard's own; from is only an address.
+func (m *Mesh) refused(reason string, from netip.Addr, err error) {
+	m.metrics.preAuthRefused.WithLabelValues(reason).Inc()
+	m.log.Debug("refused unauthenticated gossip", "reason", reason, "from", from, "err", err)
+	if n, ok := m.drops.allow("preauth/"+reason, m.now()); ok {
+		m.log.Info("refused unauthenticated gossip (packets or streams that are not from a peer with the password, or over the limits)",
+			"reason", reason, "count", n, "last-from", from, "last-error", err)
+	}
 }
 
 // lookupHost resolves a --peers host; an IP address is returned as is.

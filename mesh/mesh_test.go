@@ -250,7 +250,6 @@ func TestGarbageDropped(t *testing.T) {
 }
 
 func counterValue(t testing.TB, c prometheus.Metric) float64 {
-	t.Helper()
 	var m dto.Metric
 	if err := c.Write(&m); err != nil {
 		t.Fatal(err)

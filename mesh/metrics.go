@@ -17,7 +17,8 @@ type metrics struct {
 	badMeta   prometheus.Counter
 	joins     *prometheus.CounterVec // result
 
-	authFailures prometheus.Counter
+	authFailures   prometheus.Counter
+	preAuthRefused *prometheus.CounterVec // reason
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -53,6 +54,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "weft_mesh_auth_failures_total",
 			Help: "Gossip packets and streams refused because they were not encrypted with this peer's key: a peer with no or another password.",
 		}),
+		preAuthRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "weft_mesh_preauth_refused_total",
+			Help: "Gossip packets and streams refused before memberlist saw them, by reason (label, empty, plaintext, auth, too-large, busy, truncated, over-limit).",
+		}, []string{"reason"}),
+	}
+	for _, r := range refusedReasons {
+		m.preAuthRefused.WithLabelValues(r)
 	}
 	for _, s := range []PeerState{StateAlive, StateSuspect, StateUnreachable, StateLeft} {
 		m.peers.WithLabelValues(s.String())
@@ -81,5 +89,5 @@ func (m *metrics) unregister(reg prometheus.Registerer) {
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.peers, m.messages, m.bytes, m.dropped, m.conflicts, m.badMeta, m.joins, m.authFailures}
+	return []prometheus.Collector{m.peers, m.messages, m.bytes, m.dropped, m.conflicts, m.badMeta, m.joins, m.authFailures, m.preAuthRefused}
 }

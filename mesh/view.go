@@ -294,11 +294,19 @@ func joinNames(ns []PeerName) string {
 	return strings.Join(s, ", ")
 }
 
-// applyReport takes in a peer's report; it says whether it was news.
+// applyReport takes in a peer's report; it says whether it was news. A
+// report whose origin is no peer of the view (memberlist never announced
+// it) is neither kept nor re-gossiped: otherwise anyone could fill every
+// peer's state with reports of made-up names, and it would travel in every
+// push-pull. The origin's own report arrives again with its push-pulls
+// once it has joined.
 func (m *Mesh) applyReport(rep report) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.viewDone || rep.Origin == m.cfg.Name {
+		return false
+	}
+	if _, known := m.peers[rep.Origin]; !known {
 		return false
 	}
 	old, ok := m.reports[rep.Origin]

@@ -89,8 +89,8 @@ func Build(ctx context.Context, cfg *Validated, log *slog.Logger, kernel Kernel)
 	if !loopback {
 		r.log.Warn("the status server listens beyond loopback; it is read-only, but anyone who can reach it can read this node's state", "http-addr", n.statusLn.Addr())
 	}
-	n.apiSrv = &http.Server{Handler: (&localAPI{r: r}).handler(), ReadHeaderTimeout: 10 * time.Second}
-	n.statusSrv = &http.Server{Handler: r.statusHandler(loopback), ReadHeaderTimeout: 10 * time.Second}
+	n.apiSrv, n.apiLn = newServer((&localAPI{r: r}).handler(), localAPILimits), limitListener(n.apiLn, localAPILimits.MaxConns)
+	n.statusSrv, n.statusLn = newServer(r.statusHandler(loopback), statusLimits), limitListener(n.statusLn, statusLimits.MaxConns)
 	return n, nil
 }
 

@@ -4,7 +4,6 @@
 package router
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/weft-net/weft/ipalloc"
 	"github.com/weft-net/weft/tunnel"
+	"github.com/weft-net/weft/tunnel/crypt"
 )
 
 // Config is every option of `weft router`. Field tags name the flag.
@@ -43,6 +43,10 @@ type Config struct {
 	// process list): it comes from --password-file or WEFT_PASSWORD.
 	PasswordFile   string // --password-file
 	Password       string `json:"-"` // WEFT_PASSWORD (cmd/weft reads it); never printed
+	// RequirePassword refuses to start without a password, so that a
+	// missing or misnamed Secret fails closed instead of starting an open
+	// mesh (--require-password, WEFT_REQUIRE_PASSWORD).
+	RequirePassword bool
 	TrustedSubnets string // --trusted-subnets: comma list of CIDRs
 
 	// Kubernetes.
@@ -238,11 +242,12 @@ func (c Config) Validate() (*Validated, error) {
 	return v, nil
 }
 
-// password reads the shared secret: from --password-file (trailing line
-// breaks trimmed, as an editor or `echo` leaves them), or from
-// WEFT_PASSWORD. Giving both is an error, so that nobody wonders which won.
+// password reads the shared secret from --password-file or WEFT_PASSWORD,
+// with one rule for both (passwordFrom). Giving both is an error, so that
+// nobody wonders which won; with RequirePassword, giving neither is too.
 func (c Config) password() ([]byte, error) {
-	var pw []byte
+	var raw []byte
+	var from string
 	switch {
 	case c.PasswordFile != "" && c.Password != "":
 		return nil, errors.New("both --password-file and WEFT_PASSWORD are set: give only one")
@@ -251,17 +256,45 @@ func (c Config) password() ([]byte, error) {
 		if err != nil {
 			return nil, fmt.Errorf("reading --password-file: %w", err)
 		}
-		pw = bytes.TrimRight(data, "\r\n")
-		if len(pw) == 0 {
-			return nil, fmt.Errorf("--password-file %s is empty: put the cluster's password in it (the same on every node)", c.PasswordFile)
-		}
+		raw, from = data, "--password-file "+c.PasswordFile
 	case c.Password != "":
-		pw = []byte(c.Password)
+		raw, from = []byte(c.Password), "WEFT_PASSWORD"
+	case c.RequirePassword:
+		return nil, errors.New("--require-password is set but no password is given: set --password-file or WEFT_PASSWORD, the same on every node " +
+			"(in Kubernetes: create the Secret kube-system/weft-passwd with the key \"password\"; a missing or misnamed Secret or key leaves WEFT_PASSWORD unset)")
 	default:
 		return nil, nil
 	}
+	pw, err := passwordFrom(raw)
+	if err != nil {
+		return nil, fmt.Errorf("the password from %s: %w", from, err)
+	}
+	return pw, nil
+}
+
+// passwordFrom is the one rule for a password, from a file or from
+// WEFT_PASSWORD alike: one line ending at its end (\n or \r\n, as an
+// editor, `echo` or a Secret made from a file leave it) is cut
+// (crypt.TrimPassword); nothing else is, so spaces are part of the
+// password. What is left must be one line of printable characters: a line
+// break or another control character is an error rather than a password
+// that quietly differs from the other nodes'. It has at least
+// MinPasswordLen bytes.
+func passwordFrom(raw []byte) ([]byte, error) {
+	pw := crypt.TrimPassword(raw)
+	if len(pw) == 0 {
+		return nil, errors.New("it is empty: put the cluster's password in it (the same on every node)")
+	}
+	for _, b := range pw {
+		if b < ' ' || b == 0x7f {
+			if b == '\n' || b == '\r' {
+				return nil, errors.New("it has more than one line (or ends with two line breaks): a password is one line, and only the line break at its end is cut")
+			}
+			return nil, fmt.Errorf("it contains the control character %#02x: use printable characters (e.g. `openssl rand -base64 24`)", b)
+		}
+	}
 	if len(pw) < MinPasswordLen {
-		return nil, fmt.Errorf("the password is %d bytes long; give at least %d (e.g. `openssl rand -base64 24`)", len(pw), MinPasswordLen)
+		return nil, fmt.Errorf("it is %d bytes long; give at least %d (e.g. `openssl rand -base64 24`)", len(pw), MinPasswordLen)
 	}
 	return pw, nil
 }
@@ -304,7 +337,7 @@ func (c Config) Options() map[string]string {
 		pw = "<redacted>"
 	}
 	return map[string]string{
-		"password": pw, "password-file": c.PasswordFile, "trusted-subnets": c.TrustedSubnets,
+		"password": pw, "password-file": c.PasswordFile, "require-password": strconv.FormatBool(c.RequirePassword), "trusted-subnets": c.TrustedSubnets,
 		"kube": strconv.FormatBool(c.Kube), "kubeconfig": c.Kubeconfig, "kube-address-type": c.KubeAddressType,
 		"node-name": c.NodeName, "kube-namespace": c.KubeNamespace,
 		"name": c.Name, "nickname": c.Nickname, "host": c.Host,

@@ -93,6 +93,64 @@ func TestPassword(t *testing.T) {
 	}
 }
 
+// TestPasswordOneRule: the same password reaches the same bytes from a
+// file and from WEFT_PASSWORD, whatever line break ends it (before, a
+// trailing newline in WEFT_PASSWORD gave another key: a silent split of
+// the cluster); a password of two lines or with a control character is an
+// error from both.
+func TestPasswordOneRule(t *testing.T) {
+	dir := t.TempDir()
+	const pw = "  correct horse battery  "
+	for i, raw := range []string{pw, pw + "\n", pw + "\r\n"} {
+		path := fmt.Sprintf("%s/pw%d", dir, i)
+		if err := os.WriteFile(path, []byte(raw), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []Config{{PasswordFile: path}, {Password: raw}} {
+			got, err := c.password()
+			if err != nil || string(got) != pw {
+				t.Errorf("%+q from %+v: %q, %v; want %q", raw, c.PasswordFile != "", got, err, pw)
+			}
+		}
+	}
+	for raw, want := range map[string]string{
+		"first line long\nsecond line": "more than one line",
+		"two line breaks at the end\n\n": "more than one line",
+		"tab\tinside-the-password":     "control character 0x09",
+		"\r\n":                         "is empty",
+		"short\n":                       "at least 12",
+	} {
+		path := dir + "/bad"
+		if err := os.WriteFile(path, []byte(raw), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		for src, c := range map[string]Config{"WEFT_PASSWORD": {Password: raw}, "--password-file": {PasswordFile: path}} {
+			if _, err := c.password(); err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), src) {
+				t.Errorf("%q: %v, want an error naming %s with %q", raw, err, src, want)
+			}
+		}
+	}
+}
+
+// TestRequirePassword: with --require-password, no password is an error
+// that says where it should come from; with one, it starts as before.
+func TestRequirePassword(t *testing.T) {
+	c := validConfig(t)
+	c.RequirePassword = true
+	_, err := c.Validate()
+	if err == nil || !strings.Contains(err.Error(), "--require-password") || !strings.Contains(err.Error(), "weft-passwd") {
+		t.Fatalf("no password with --require-password: %v", err)
+	}
+	c.Password = "a-long-enough-password"
+	if v, err := c.Validate(); err != nil || string(v.Password) != c.Password {
+		t.Fatalf("a password with --require-password: %q, %v", v.Password, err)
+	}
+	c.RequirePassword, c.Password = false, ""
+	if v, err := c.Validate(); err != nil || v.Password != nil {
+		t.Fatalf("neither: %q, %v", v.Password, err)
+	}
+}
+
 func TestParseInit(t *testing.T) {
 	for in, want := range map[string]string{
 		"consensus": "consensus", "consensus=3": "consensus=3", "seed=a,b, c": "seed=a,b,c", "observer": "observer",
@@ -114,7 +172,7 @@ func TestOptionsHaveEveryFlagAndRange(t *testing.T) {
 	if opts["ipalloc-range"] != "10.32.0.0/12" {
 		t.Fatalf("options line lacks ipalloc-range: %v", opts)
 	}
-	if len(opts) != 25 {
+	if len(opts) != 26 {
 		t.Fatalf("options has %d entries; a new flag must be added to Options()", len(opts))
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -61,6 +62,7 @@ func (r *Router) deriveKeys() error {
 	}
 	start := time.Now()
 	keys, err := crypt.DeriveKeys(r.cfg.Password)
+	debug.FreeOSMemory() // the KDF's 64 MiB are garbage now: give them back, or they stay in the RSS for good
 	if err != nil {
 		return fmt.Errorf("deriving keys from the password: %w", err)
 	}

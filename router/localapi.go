@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/weft-net/weft/api"
@@ -342,4 +343,49 @@ func countPods(als []ipalloc.Allocation) int {
 		}
 	}
 	return n
+}
+
+// localAPILimits are the local API's: an allocation or a reset may wait
+// up to allocateWait or resetWait for the mesh before it answers.
+var localAPILimits = serverLimits{
+	ReadHeaderTimeout: 10 * time.Second,
+	ReadTimeout:       30 * time.Second,
+	WriteTimeout:      max(allocateWait, resetWait) + 30*time.Second,
+	IdleTimeout:       60 * time.Second,
+	MaxHeaderBytes:    16 << 10,
+	MaxConns:          128,
+}
+
+// checkSocketDir refuses a --socket directory that another user could
+// change: whoever can write to it can replace the socket, and the CNI
+// plugin would hand pods' addresses to, and take them from, whoever
+// listens there. The directory and every directory above it must be owned
+// by root (or by this process's user) and not writable by group or others;
+// a directory above with the sticky bit (such as /tmp) is allowed, since
+// nobody else can rename what is in it.
+func checkSocketDir(dir string) error {
+	dir = filepath.Clean(dir)
+	uid := uint32(os.Geteuid())
+	for d, first := dir, true; ; d, first = filepath.Dir(d), false {
+		fi, err := os.Stat(d)
+		if err != nil {
+			return fmt.Errorf("checking the directory of --socket: %w", err)
+		}
+		st, ok := fi.Sys().(*syscall.Stat_t)
+		if !ok {
+			return fmt.Errorf("checking the directory of --socket: no owner for %s", d)
+		}
+		mode := fi.Mode()
+		switch {
+		case !fi.IsDir():
+			return fmt.Errorf("the directory of --socket, %s, is not a directory", d)
+		case st.Uid != 0 && st.Uid != uid:
+			return fmt.Errorf("the directory %s (of --socket %s) is owned by user %d, not root: that user could replace the socket the CNI plugin talks to; use a directory only root can write, such as /run/weft (chown root), or choose another --socket", d, dir, st.Uid)
+		case mode.Perm()&0o022 != 0 && (first || mode&os.ModeSticky == 0):
+			return fmt.Errorf("the directory %s (of --socket %s) has mode %v: other users could replace the socket the CNI plugin talks to; use a directory only root can write, such as /run/weft (chmod go-w %s), or choose another --socket", d, dir, mode.Perm(), d)
+		}
+		if d == filepath.Dir(d) {
+			return nil
+		}
+	}
 }

@@ -211,3 +211,48 @@ func TestSocketMode(t *testing.T) {
 		t.Fatal("a regular file was taken for a socket")
 	}
 }
+
+// TestSocketDirChecked: the local API refuses a socket directory another
+// user could change (world- or group-writable, sticky or not, or owned by
+// another user, also further up), with a message that says what to do;
+// before, the socket was made in any directory.
+func TestSocketDirChecked(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the test gives a directory to another user")
+	}
+	base := t.TempDir() // under /tmp: a sticky, world-writable parent is fine
+	mk := func(name string, mode os.FileMode, uid int) string {
+		d := filepath.Join(base, name)
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(d, mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(d, uid, 0); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	for _, tc := range []struct {
+		dir  string
+		want string
+	}{
+		{mk("world", 0o777, 0), "has mode -rwxrwxrwx"},
+		{mk("sticky", 0o777|os.ModeSticky, 0), "has mode"},
+		{mk("group", 0o775, 0), "chmod go-w"},
+		{mk("nobody", 0o755, 65534), "owned by user 65534, not root"},
+		{filepath.Join(mk("above", 0o777, 0), "weft"), "above"},
+	} {
+		_, err := listenUnix(filepath.Join(tc.dir, "weft.sock"))
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "--socket") {
+			t.Errorf("%s: %v; want an error with %q", tc.dir, err, tc.want)
+		}
+	}
+	ok := mk("ok", 0o755, 0)
+	ln, err := listenUnix(filepath.Join(ok, "weft.sock"))
+	if err != nil {
+		t.Fatalf("a root-owned 0755 directory: %v", err)
+	}
+	ln.Close()
+}

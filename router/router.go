@@ -236,6 +236,9 @@ func listenUnix(path string) (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("creating the directory of --socket %s: %w", path, err)
 	}
+	if err := checkSocketDir(filepath.Dir(path)); err != nil {
+		return nil, err
+	}
 	if fi, err := os.Lstat(path); err == nil {
 		if fi.Mode()&os.ModeSocket == 0 {
 			return nil, fmt.Errorf("--socket %s exists and is not a socket; remove it or choose another path", path)

@@ -10,6 +10,8 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -349,4 +351,81 @@ func isLoopbackHost(hostport string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// serverLimits bound what one client of an HTTP server can hold: a
+// connection that sends nothing, sends slowly, reads slowly or stays idle
+// is closed, and beyond MaxConns at once a new connection is closed at
+// once (the status server may listen beyond loopback, where anyone can
+// connect).
+type serverLimits struct {
+	ReadHeaderTimeout time.Duration // the request line and headers
+	ReadTimeout       time.Duration // the whole request
+	WriteTimeout      time.Duration // from the end of the headers to the end of the answer
+	IdleTimeout       time.Duration // between requests on a kept-alive connection
+	MaxHeaderBytes    int
+	MaxConns          int
+}
+
+// statusLimits are the status server's: its answers are quick (a
+// /metrics scrape of a large cluster included).
+var statusLimits = serverLimits{
+	ReadHeaderTimeout: 5 * time.Second,
+	ReadTimeout:       10 * time.Second,
+	WriteTimeout:      30 * time.Second,
+	IdleTimeout:       30 * time.Second,
+	MaxHeaderBytes:    16 << 10,
+	MaxConns:          64,
+}
+
+// newServer is an http.Server for h with the limits' timeouts; serve it
+// on limitListener(ln, lim.MaxConns).
+func newServer(h http.Handler, lim serverLimits) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: lim.ReadHeaderTimeout,
+		ReadTimeout:       lim.ReadTimeout,
+		WriteTimeout:      lim.WriteTimeout,
+		IdleTimeout:       lim.IdleTimeout,
+		MaxHeaderBytes:    lim.MaxHeaderBytes,
+	}
+}
+
+// limitListener accepts at most max connections at once; one more is
+// closed as soon as it is accepted, so that a client holding many cannot
+// queue the others behind it.
+func limitListener(ln net.Listener, max int) net.Listener {
+	return &capListener{Listener: ln, slots: make(chan struct{}, max)}
+}
+
+type capListener struct {
+	net.Listener
+	slots chan struct{}
+}
+
+func (l *capListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		select {
+		case l.slots <- struct{}{}:
+			return &capConn{Conn: c, release: func() { <-l.slots }}, nil
+		default:
+			c.Close()
+		}
+	}
+}
+
+type capConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *capConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.release)
+	return err
 }

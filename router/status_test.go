@@ -1,11 +1,15 @@
 package router
 
 import (
+	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 func TestStatusServer(t *testing.T) {
@@ -49,5 +53,105 @@ func TestStatusServer(t *testing.T) {
 	r.setReady(false, "bridge missing")
 	if code, body = get("GET", "/readyz", "127.0.0.1"); code != 503 || !strings.Contains(body, "bridge missing") {
 		t.Errorf("/readyz when not ready = %d %s", code, body)
+	}
+}
+
+// TestServerLimits: a client of the status server cannot keep connections
+// forever: one that sends nothing, one that stops halfway through its
+// headers and one left idle after a request are all closed, and while
+// MaxConns are busy a new connection is closed at once instead of waiting.
+// (Before, the status server had only a header timeout and no cap.)
+func TestServerLimits(t *testing.T) {
+	// ReadTimeout is long, so that the header and idle timeouts are what
+	// closes (http.Server falls back to ReadTimeout for both).
+	lim := serverLimits{ReadHeaderTimeout: 300 * time.Millisecond, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 300 * time.Millisecond, MaxHeaderBytes: 4 << 10, MaxConns: 3}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hold := make(chan struct{})
+	var held sync.WaitGroup
+	srv := newServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if req.URL.Path == "/hold" {
+			held.Done()
+			<-hold
+		}
+		io.WriteString(w, "ok")
+	}), lim)
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(limitListener(ln, lim.MaxConns)) }()
+	defer func() {
+		srv.Close()
+		<-done
+	}()
+	dial := func() net.Conn {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	// closedWithin says whether the server closes c within d.
+	closedWithin := func(c net.Conn, d time.Duration) bool {
+		c.SetReadDeadline(time.Now().Add(d))
+		_, err := io.ReadAll(c)
+		var ne net.Error
+		return !(errors.As(err, &ne) && ne.Timeout())
+	}
+
+	// Three requests in progress hold every slot; a fourth connection is
+	// closed at once.
+	held.Add(3)
+	var busy []net.Conn
+	for range 3 {
+		c := dial()
+		c.Write([]byte("GET /hold HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"))
+		busy = append(busy, c)
+	}
+	held.Wait()
+	if !closedWithin(dial(), 5*time.Second) {
+		t.Error("a connection past MaxConns was not closed while the others were busy")
+	}
+	close(hold)
+	for _, c := range busy {
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if b, _ := io.ReadAll(c); !strings.Contains(string(b), "200 OK") {
+			t.Errorf("a held request: %q", b)
+		}
+	}
+
+	// The timeouts.
+	silent, partial, idle := dial(), dial(), dial()
+	partial.Write([]byte("GET /status HTTP/1.1\r\nHost: 127"))
+	idle.Write([]byte("GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"))
+	buf := make([]byte, 512)
+	idle.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := idle.Read(buf); err != nil || !strings.Contains(string(buf[:n]), "200 OK") {
+		t.Fatalf("the request before idling: %q, %v", buf[:n], err)
+	}
+	for name, c := range map[string]net.Conn{"silent": silent, "partial headers": partial, "idle": idle} {
+		if !closedWithin(c, 10*time.Second) {
+			t.Errorf("the %s connection was kept open", name)
+		}
+	}
+	// The slots are free again.
+	c := dial()
+	c.Write([]byte("GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"))
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if b, _ := io.ReadAll(c); !strings.Contains(string(b), "200 OK") {
+		t.Errorf("after the others closed: %q", b)
+	}
+}
+
+// TestStatusLimitsSet: the production servers have every timeout and a cap.
+func TestStatusLimitsSet(t *testing.T) {
+	for name, l := range map[string]serverLimits{"status": statusLimits, "local API": localAPILimits} {
+		if l.ReadHeaderTimeout <= 0 || l.ReadTimeout <= 0 || l.WriteTimeout <= 0 || l.IdleTimeout <= 0 || l.MaxConns <= 0 || l.MaxHeaderBytes <= 0 {
+			t.Errorf("%s limits incomplete: %+v", name, l)
+		}
+	}
+	if localAPILimits.WriteTimeout <= allocateWait || localAPILimits.WriteTimeout <= resetWait {
+		t.Errorf("the local API's write timeout %s would cut an allocation that waits %s", localAPILimits.WriteTimeout, allocateWait)
 	}
 }

@@ -38,6 +38,7 @@ func routerFlags(fs *flag.FlagSet, c *router.Config) {
 	fs.StringVar(&c.CNIConfDir, "cni-conf-dir", c.CNIConfDir, "where to write the CNI network config")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&c.PasswordFile, "password-file", c.PasswordFile, "file holding the cluster's shared password (or set WEFT_PASSWORD); without one, traffic between nodes is not encrypted")
+	fs.BoolVar(&c.RequirePassword, "require-password", c.RequirePassword, "refuse to start without a password (--password-file or WEFT_PASSWORD), so that a missing Secret fails closed instead of an open mesh")
 	fs.StringVar(&c.TrustedSubnets, "trusted-subnets", c.TrustedSubnets, "comma-separated CIDRs of underlay networks whose peers get unencrypted data traffic")
 	fs.BoolVar(&c.Kube, "kube", c.Kube, "run as a Kubernetes DaemonSet: peers from the Node list, reclaim of deleted nodes, the first claim recorded in a ConfigMap")
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", c.Kubeconfig, "kubeconfig for --kube outside a cluster (default: the in-cluster config)")
