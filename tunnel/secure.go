@@ -235,6 +235,8 @@ func openFrame(b []byte, p *peerPath, enc bool, sc *crypt.Scratch, now time.Time
 		switch {
 		case errors.Is(err, crypt.ErrReplay):
 			return h, nil, dropReplay
+		case errors.Is(err, crypt.ErrKeyBudget):
+			return h, nil, dropKeyBudget
 		case err != nil:
 			return h, nil, dropAuth
 		}
