@@ -130,3 +130,28 @@ func TestFloorsBounded(t *testing.T) {
 		t.Error("the oldest floor was kept beyond the bound")
 	}
 }
+
+// BenchmarkForgedKeyID is the cost of one forged frame with a new key id:
+// "derive" with a budget that never runs out (what every such frame cost
+// before the budget), "refused" beyond the budget.
+func BenchmarkForgedKeyID(b *testing.B) {
+	psk := keysOf(b, "correct horse battery staple").PSK
+	for _, bc := range []struct {
+		name   string
+		budget int
+	}{{"derive", 1 << 30}, {"refused", 1}} {
+		b.Run(bc.name, func(b *testing.B) {
+			lim := Limits{KeyBudget: bc.budget}
+			x, y := newNode(b, psk, lim), newNode(b, psk, lim)
+			yx := session(b, y, x)
+			f := forged(1)
+			var sc Scratch
+			_, _ = yx.Open(&sc, f.epoch, f.counter, f.hdr, f.body, t0) // uses the budget of 1
+			b.ReportAllocs()
+			for b.Loop() {
+				f.epoch++
+				_, _ = yx.Open(&sc, f.epoch, f.counter, f.hdr, f.body, t0)
+			}
+		})
+	}
+}
