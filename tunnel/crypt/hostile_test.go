@@ -1,6 +1,7 @@
 package crypt
 
 import (
+	"bytes"
 	"errors"
 	"testing"
 	"time"
@@ -154,4 +155,91 @@ func BenchmarkForgedKeyID(b *testing.B) {
 			}
 		})
 	}
+}
+
+// FuzzSessionRekeys drives a sender and a receiver through rekeys, time,
+// reordering, replays, forged key ids and receive sessions made again for
+// the same key, as the fuzzer's bytes choose. Throughout: no frame opens
+// twice (in any receive session), no forged frame opens, and a fresh epoch
+// one refill after anything else always opens.
+func FuzzSessionRekeys(f *testing.F) {
+	f.Add([]byte{0, 0, 1, 2, 2, 3, 4, 5, 0, 6, 2})
+	f.Add([]byte{0, 1, 0, 1, 5, 2, 2, 2, 3, 3, 0})
+	f.Add([]byte{3, 3, 3, 3, 3, 3, 0, 2, 6, 2, 1, 0})
+	f.Add([]byte{0, 5, 2, 0}) // a replay into a session made again
+	psk := keysOf(f, "correct horse battery staple").PSK
+	lim := Limits{RekeyAfterMessages: 3, RekeyAfterTime: 10 * time.Second, KeepPrevious: 5 * time.Second, KeyBudget: 2, KeyRefill: time.Second}
+	ka, _ := NewKeyPair(bytes.Repeat([]byte{1}, 32))
+	kb, _ := NewKeyPair(bytes.Repeat([]byte{2}, 32))
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		a, b := NewLocal(ka, psk, lim), NewLocal(kb, psk, lim)
+		ab, _ := a.Session(kb.Public())
+		ba, _ := b.Session(ka.Public())
+		now := t0
+		var sent []frame
+		opened := map[[2]uint64]bool{}
+		var sc Scratch
+		try := func(fr frame, genuine bool) {
+			body := bytes.Clone(fr.body)
+			_, err := ba.Open(&sc, fr.epoch, fr.counter, fr.hdr, body, now)
+			if err == nil {
+				id := [2]uint64{uint64(fr.epoch), fr.counter}
+				switch {
+				case !genuine:
+					t.Fatalf("a forged frame of epoch %d opened", fr.epoch)
+				case opened[id]:
+					t.Fatalf("frame %d/%d opened twice", fr.epoch, fr.counter)
+				}
+				opened[id] = true
+			} else if !errors.Is(err, ErrAuth) && !errors.Is(err, ErrReplay) {
+				t.Fatalf("error %v is neither ErrAuth nor ErrReplay", err)
+			}
+		}
+		for i := 0; i < len(ops); i++ {
+			switch op := ops[i] % 7; op {
+			case 0: // the sender seals one and it arrives
+				fr := sealFrame(t, ab, now)
+				sent = append(sent, fr)
+				try(fr, true)
+			case 1: // sealed but lost (or delayed)
+				sent = append(sent, sealFrame(t, ab, now))
+			case 2: // an earlier frame arrives (again, or late)
+				if len(sent) > 0 && i+1 < len(ops) {
+					i++
+					try(sent[int(ops[i])%len(sent)], true)
+				}
+			case 3: // a forged frame with a key id of the fuzzer's
+				if i+1 < len(ops) {
+					i++
+					e := uint32(ops[i]) * 7
+					try(frame{e, 1, header(e, 1), make([]byte, 32+TagSize)}, false)
+				}
+			case 4: // time passes
+				now = now.Add(3 * time.Second)
+			case 5: // the receiver forgets its session and makes it again
+				ba, _ = b.Session(ka.Public())
+			case 6: // the sender's clock makes it rekey
+				now = now.Add(lim.RekeyAfterTime)
+			}
+		}
+		// Liveness: the sender's next epoch, a refill later, opens.
+		now = now.Add(lim.RekeyAfterTime + lim.KeyRefill)
+		fr := sealFrame(t, ab, now)
+		body := bytes.Clone(fr.body)
+		if _, err := ba.Open(&sc, fr.epoch, fr.counter, fr.hdr, body, now); err != nil {
+			t.Fatalf("the sender's fresh epoch %d does not open: %v", fr.epoch, err)
+		}
+	})
+}
+
+// sealFrame seals one 32-byte test frame.
+func sealFrame(t *testing.T, s *Session, now time.Time) frame {
+	t.Helper()
+	k, c, err := s.Next(now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := header(k.Epoch(), c)
+	var sc Scratch
+	return frame{k.Epoch(), c, h, bytes.Clone(k.Seal(&sc, c, h, make([]byte, 32, 32+TagSize)))}
 }
