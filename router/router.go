@@ -53,6 +53,7 @@ type Router struct {
 	dataplaneKick chan struct{}
 	lastRanges    []tunnel.OwnedRange // as last applied, by routineDataplane only
 	lastResync    time.Time           // by routineDataplane only
+	guard         guardState          // the bridge guard's sets (dataplane.go)
 
 	mu       sync.Mutex
 	netState netState
@@ -380,9 +381,10 @@ func (r *Router) routineSetup(ctx context.Context) error {
 func (r *Router) ensureBridge() error {
 	ns := r.net()
 	// Ensure logs every change it makes itself.
-	if _, err := bridge.Ensure("", bridge.Config{Name: r.cfg.Bridge, MTU: ns.mtu, Gateway: ns.gateway, PodRange: r.cfg.Universe}, r.log); err != nil {
+	if _, err := bridge.Ensure("", r.bridgeConfig(ns), r.log); err != nil {
 		return fmt.Errorf("setting up bridge %s: %w", r.cfg.Bridge, err)
 	}
+	r.syncGuard() // hostile-dp: the guard's sets, at once
 	return nil
 }
 

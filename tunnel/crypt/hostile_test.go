@@ -70,7 +70,11 @@ func TestBudgetRefill(t *testing.T) {
 	psk := keysOf(t, "correct horse battery staple").PSK
 	a, b := newNode(t, psk, Limits{KeyBudget: 2, KeyRefill: time.Second}), newNode(t, psk, Limits{KeyBudget: 2, KeyRefill: time.Second})
 	ba := session(t, b, a)
-	spend := func(at time.Duration) bool { ba.recvMu.Lock(); defer ba.recvMu.Unlock(); return ba.spendLocked(t0.Add(at)) }
+	spend := func(at time.Duration) bool {
+		ba.recvMu.Lock()
+		defer ba.recvMu.Unlock()
+		return ba.spendLocked(t0.Add(at))
+	}
 	for _, tc := range []struct {
 		at time.Duration
 		ok bool
