@@ -222,3 +222,73 @@ func hostilePod(t *testing.T, args []string) {
 	waitGrown(t, ctx, "n1's guard counting IPIP from no peer", guard1, before, map[string]float64{"ipip-non-peer": 1})
 	expectControl(t, ctx, func(b []byte) error { return sendUDP(attacker.NS, toRemote, b) }, atRemote, remote)
 }
+
+// TestGuardAcrossRestart: what an operator expects of the pods' guard when
+// the router crashes and comes back. While it is down, the pods on the node
+// keep talking and still cannot spoof (the rules and the pods set live in
+// the kernel); the restarted router keeps the tables (their counters go on)
+// and reconciles the set with its allocator: a new pod is let through, a
+// deleted one's entry goes.
+func TestGuardAcrossRestart(t *testing.T) {
+	c, ctx := startSecCluster(t, 1, 1, func(*Node) []string { return nil })
+	n0 := c.Nodes[0]
+	a, err := n0.AddPod(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := n0.AddPod(ctx, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Ping(ctx, a.NS, b.IP); err != nil {
+		t.Fatal(err)
+	}
+	before, err := guardDrops(ctx, n0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n0.Router().Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-n0.Router().Proc().Exited()
+
+	atB := listenUDP(t, b, hostilePort)
+	toB := netip.AddrPortFrom(b.IP, hostilePort)
+	if err := sendRaw(a.NS, ipv4UDP(netip.AddrPortFrom(netip.MustParseAddr("10.40.0.9"), 40000), toB, []byte("forged"))); err != nil {
+		t.Fatal(err)
+	}
+	expectControl(t, ctx, func(p []byte) error { return sendUDP(a.NS, toB, p) }, atB, b)
+	if err := Ping(ctx, a.NS, b.IP); err != nil {
+		t.Fatalf("with the router down: %v", err)
+	}
+
+	if _, err := n0.StartRouter(n0.Router().Args...); err != nil {
+		t.Fatal(err)
+	}
+	if err := n0.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	read := func() (map[string]float64, error) { return guardDrops(ctx, n0) }
+	diff := waitGrown(t, ctx, "the spoofed packet sent while the router was down, still counted", read, before, map[string]float64{"pod-spoofed-source": 1})
+	t.Logf("guard drops since before the crash: %v", diff)
+
+	cPod, err := n0.AddPod(ctx, "c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Ping(ctx, cPod.NS, a.IP); err != nil {
+		t.Fatalf("a pod added after the restart: %v", err)
+	}
+	if err := n0.DelPod(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, ctx, "the pods set to follow the allocator", func() (bool, string) {
+		out, err := n0.NS.Exec(ctx, "nft", "list", "set", "bridge", "weft", "pods")
+		if err != nil {
+			return false, err.Error()
+		}
+		s := string(out)
+		ok := strings.Contains(s, " . "+a.IP.String()) && strings.Contains(s, " . "+cPod.IP.String()) && !strings.Contains(s, " . "+b.IP.String()+",") && !strings.Contains(s, " . "+b.IP.String()+" ")
+		return ok, s
+	})
+}
