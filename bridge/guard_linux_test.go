@@ -274,7 +274,12 @@ func (e *env) waitCount(t *testing.T, reason string, want uint64) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if c[reason] == want {
+		if c[reason] >= want {
+			// Packets from one sender are counted in order: once the last
+			// is, every earlier one that was dropped is too.
+			if c[reason] != want {
+				t.Fatalf("drops %s = %d, want %d (all: %v)", reason, c[reason], want, c)
+			}
 			return
 		}
 		if time.Now().After(deadline) {
@@ -348,4 +353,69 @@ func TestGuardDropsForgedPodTraffic(t *testing.T) {
 	if c, _ := DropCounts(e.ns.Path()); c[DropIPIPNonPeer] != 0 {
 		t.Errorf("counted %d as ipip-non-peer: the pod's IPIP is a pod-to-router drop", c[DropIPIPNonPeer])
 	}
+}
+
+// sendARP sends an ARP reply from inside the pod, on its interface, with
+// the given sender address (gratuitous: to everyone, about spa).
+func (p *pod) sendARP(t *testing.T, spa netip.Addr) {
+	t.Helper()
+	err := p.ns.Do(func(ns.NetNS) error {
+		links, err := netlink.LinkList()
+		if err != nil {
+			return err
+		}
+		var l netlink.Link
+		for _, x := range links {
+			if x.Type() == "veth" {
+				l = x
+			}
+		}
+		if l == nil {
+			return errors.New("no veth in the pod")
+		}
+		mac := l.Attrs().HardwareAddr
+		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(htons(unix.ETH_P_ARP)))
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		f := make([]byte, 0, 42)
+		f = append(f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff)
+		f = append(f, mac...)
+		f = binary.BigEndian.AppendUint16(f, etherARP)
+		f = append(f, 0, 1, 0x08, 0, 6, 4, 0, 2) // Ethernet, IPv4, reply
+		f = append(f, mac...)
+		a := spa.As4()
+		f = append(f, a[:]...)
+		f = append(f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff)
+		f = append(f, a[:]...)
+		sa := &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ARP), Ifindex: l.Attrs().Index, Halen: 6}
+		copy(sa.Addr[:], []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
+		return unix.Sendto(fd, f, 0, sa)
+	})
+	if err != nil {
+		t.Fatalf("sending ARP from %s: %v", p.addr, err)
+	}
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// TestGuardDropsSpoofedARP: a pod cannot claim another pod's address (or
+// the gateway's) in ARP; its own, and a probe from 0.0.0.0, pass.
+func TestGuardDropsSpoofedARP(t *testing.T) {
+	e := newEnv(t)
+	e.guarded()
+	e.ensure(t)
+	a := e.addPod(t, "weftaaaaaaaaaaa", netip.MustParseAddr("10.32.0.5"))
+	b := e.addPod(t, "weftbbbbbbbbbbb", netip.MustParseAddr("10.32.0.6"))
+	if _, _, err := SetPodSources(e.ns.Path(), []PodSource{{a.veth, a.addr}, {b.veth, b.addr}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	// Genuine first: had they been dropped, they would be counted by the
+	// time the spoofed ones are.
+	a.sendARP(t, a.addr)
+	a.sendARP(t, netip.IPv4Unspecified())
+	a.sendARP(t, b.addr)
+	a.sendARP(t, e.cfg.Gateway.Addr())
+	e.waitCount(t, DropSpoofedARP, 2)
 }
