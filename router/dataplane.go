@@ -392,8 +392,7 @@ func (c *guardCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 func (c *guardCollector) Collect(ch chan<- prometheus.Metric) {
 	counts, err := bridge.DropCounts("")
 	if err != nil {
-		ch <- prometheus.NewInvalidMetric(c.desc, err)
-		return
+		return // no sample rather than a failed scrape of every metric
 	}
 	for _, reason := range bridge.DropReasons {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(counts[reason]), reason)
