@@ -1,8 +1,13 @@
 package tunnel
 
 import (
+	"bytes"
+	"log/slog"
 	"net/netip"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/weft-net/weft/tunnel/conn/bindtest"
 )
@@ -102,5 +107,67 @@ func TestSourceOK(t *testing.T) {
 	var empty snapshot // before the first SetRing
 	if empty.sourceOK("a", netip.MustParseAddr("10.32.0.1"), false, "b") == dropNone {
 		t.Error("a source passed without a ring")
+	}
+}
+
+// lockedBuffer is a log sink for several goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestSpoofedSourceWarnedOnce: a flood of spoofed sources within a minute
+// is one warning, which says what happened and from where; the next
+// minute's drops are the next warning, with their count.
+func TestSpoofedSourceWarnedOnce(t *testing.T) {
+	var logs lockedBuffer
+	now := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	var mu sync.Mutex
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	net := bindtest.NewNetwork()
+	a := newTestNode(t, net, "a", nodeOpts{})
+	b := newTestNode(t, net, "b", nodeOpts{now: clock, log: slog.New(slog.NewTextHandler(&logs, nil))})
+	peers := peersOf(a, b)
+	a.setup(t, ring[:2], peers)
+	b.setup(t, ring[:2], peers)
+	spoof := func(n int) {
+		for range n {
+			net.Inject(bindtest.Packet{From: netip.AddrPortFrom(underlayOf("a"), DefaultDataPort), To: netip.AddrPortFrom(underlayOf("b"), DefaultDataPort),
+				Data: frame(dataHeader, ipv4Packet("10.36.0.9", "10.36.0.7", 64, true))})
+		}
+	}
+	lines := func() []string {
+		var out []string
+		for l := range strings.Lines(logs.String()) {
+			if strings.Contains(l, "inner source outside the ranges") {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+	spoof(20)
+	waitFor(t, "20 drops", func() bool { return dropped(b.d, dropSpoofed) == 20 })
+	if l := lines(); len(l) != 1 || !strings.Contains(l[0], "level=WARN") || !strings.Contains(l[0], "last-from=192.0.2.1") {
+		t.Fatalf("warnings after 20 drops in a minute: %q", l)
+	}
+	mu.Lock()
+	now = now.Add(time.Minute)
+	mu.Unlock()
+	spoof(1)
+	waitFor(t, "the next minute's warning", func() bool { return len(lines()) == 2 })
+	if l := lines()[1]; !strings.Contains(l, "count=") {
+		t.Errorf("second warning: %q", l)
 	}
 }
