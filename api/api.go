@@ -109,8 +109,9 @@ func ValidateIfName(name string) error {
 		return fmt.Errorf("interface name %q is longer than %d characters", name, MaxIfNameLen)
 	case name == "." || name == "..":
 		return fmt.Errorf("interface name %q is not allowed", name)
-	case strings.ContainsAny(name, "/: \t\n"):
-		return fmt.Errorf("interface name %q contains '/', ':' or white space", name)
+	case strings.ContainsAny(name, "/: \t\n\v\f\r\x00"):
+		// What Linux refuses (dev_valid_name); a NUL cannot even be passed.
+		return fmt.Errorf("interface name %q contains '/', ':', white space or a NUL byte", name)
 	}
 	return nil
 }

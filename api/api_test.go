@@ -33,7 +33,7 @@ func TestValidateIfName(t *testing.T) {
 			t.Errorf("ValidateIfName(%q): %v", ok, err)
 		}
 	}
-	for _, bad := range []string{"", ".", "..", strings.Repeat("e", 16), "a/b", "a:b", "a b"} {
+	for _, bad := range []string{"", ".", "..", strings.Repeat("e", 16), "a/b", "a:b", "a b", "\x00", "eth\x000", "a\rb", "a\vb"} {
 		if err := ValidateIfName(bad); err == nil {
 			t.Errorf("ValidateIfName(%q) accepted", bad)
 		}

@@ -45,6 +45,9 @@ type Config struct {
 	// on the bridge other than Gateway are stale and removed; traffic from it
 	// to elsewhere is masqueraded.
 	PodRange netip.Prefix
+	// Guard protects the node's routers from its pods and the pods from
+	// each other (guard.go); the zero Guard is off.
+	Guard Guard
 }
 
 // Validate says what is wrong with cfg, in words an operator can act on.

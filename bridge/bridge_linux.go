@@ -13,7 +13,6 @@ import (
 	"github.com/containernetworking/plugins/pkg/utils/sysctl"
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
-	"github.com/google/nftables/userdata"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -90,10 +89,13 @@ func Teardown(nsPath string, name string, log *slog.Logger) error {
 	t := weftTable()
 	c.AddTable(t) // so that the delete succeeds when there is no table
 	c.DelTable(t)
+	if _, err := c.ListTableOfFamily(TableName, nftables.TableFamilyBridge); err == nil {
+		c.DelTable(bridgeTable()) // the guard's
+	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("delete nftables table ip %s: %w", TableName, err)
 	}
-	log.Info("deleted nftables table", "table", "ip "+TableName)
+	log.Info("deleted nftables tables", "tables", "ip "+TableName+", bridge "+TableName)
 
 	l, err := n.h.LinkByName(name)
 	switch {
@@ -431,9 +433,13 @@ func (n *netNS) ensureSysctls(bridge string, log *slog.Logger, info *Info) error
 	return err
 }
 
-// ensureNFT (re)creates weft's table in one atomic batch: the table is added
-// (a no-op when it exists), deleted with everything in it, and built afresh,
-// so that repeated calls leave exactly the rules below and packets never see a
+// ensureNFT converges weft's tables: table ip weft (masquerade, forward,
+// and with a Guard its guard chains and the peers set) and, with a Guard,
+// table bridge weft (the pods' anti-spoofing). Tables whose chains and
+// rules are already the wanted ones are left alone, so that their
+// counters and set elements stay; otherwise both are rebuilt in one
+// atomic batch (added, deleted with everything in them, built afresh,
+// with the set elements they had), so that packets never see a
 // half-written table.
 func (n *netNS) ensureNFT(cfg Config, log *slog.Logger, info *Info) error {
 	c, err := n.nft()
@@ -442,36 +448,211 @@ func (n *netNS) ensureNFT(cfg Config, log *slog.Logger, info *Info) error {
 	}
 	_, err = c.ListTableOfFamily(TableName, nftables.TableFamilyIPv4)
 	existed := err == nil
-
+	_, err = c.ListTableOfFamily(TableName, nftables.TableFamilyBridge)
+	bridgeExisted := err == nil
+	if existed && (bridgeExisted == cfg.Guard.On()) && nftUpToDate(c, cfg) {
+		return nil
+	}
+	var peerEls, podEls []nftables.SetElement
+	if _, els, err := setElements(c, weftTable(), peersSet); err == nil {
+		peerEls = els
+	}
+	if _, els, err := setElements(c, bridgeTable(), podsSet); err == nil {
+		podEls = els
+	}
 	t := weftTable()
 	c.AddTable(t)
 	c.DelTable(t)
 	c.AddTable(t)
-	accept := nftables.ChainPolicyAccept
-	nat := c.AddChain(&nftables.Chain{
-		Name: natChain, Table: t, Type: nftables.ChainTypeNAT,
-		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource,
-	})
-	fwd := c.AddChain(&nftables.Chain{
-		Name: forwardChain, Table: t, Type: nftables.ChainTypeFilter,
-		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept,
-	})
+	nat, fwd := baseChains(t)
+	c.AddChain(nat)
+	c.AddChain(fwd)
 	for _, r := range rules(t, nat, fwd, cfg.PodRange) {
 		c.AddRule(r)
 	}
+	bt := bridgeTable()
+	switch {
+	case cfg.Guard.On():
+		peers := newPeersSet(t)
+		if err := c.AddSet(peers, peerEls); err != nil {
+			return fmt.Errorf("nftables set ip %s %s: %w", TableName, peersSet, err)
+		}
+		in, gfwd := guardChainsOf(t)
+		c.AddChain(in)
+		c.AddChain(gfwd)
+		for _, r := range guardRules(t, in, gfwd, peers, cfg) {
+			c.AddRule(r)
+		}
+		c.AddTable(bt)
+		c.DelTable(bt)
+		c.AddTable(bt)
+		pods := newPodsSet(bt)
+		if err := c.AddSet(pods, podEls); err != nil {
+			return fmt.Errorf("nftables set bridge %s %s: %w", TableName, podsSet, err)
+		}
+		ch := podChainOf(bt)
+		c.AddChain(ch)
+		for _, r := range podRules(bt, ch, pods) {
+			c.AddRule(r)
+		}
+	case bridgeExisted:
+		c.DelTable(bt) // left by a run with a guard
+	}
 	if err := c.Flush(); err != nil {
+		if cfg.Guard.On() && errors.Is(err, unix.EOPNOTSUPP) {
+			return fmt.Errorf("write nftables tables ip %s and bridge %s: %w (does the kernel have nftables for bridges, nf_tables_bridge?)", TableName, TableName, err)
+		}
 		return fmt.Errorf("write nftables table ip %s: %w", TableName, err)
 	}
-	if !existed {
-		change := fmt.Sprintf("create nftables table ip %s (masquerade %s to elsewhere)", TableName, cfg.PodRange)
+	var change string
+	switch {
+	case !existed:
+		change = fmt.Sprintf("create nftables table ip %s (masquerade %s to elsewhere)", TableName, cfg.PodRange)
 		log.Info("created nftables table", "table", "ip "+TableName, "masquerade", cfg.PodRange)
-		info.Changes = append(info.Changes, change)
+	default:
+		change = fmt.Sprintf("rewrite nftables table ip %s: its rules were not the wanted ones", TableName)
+		log.Info("rewrote nftables table: its rules were not the wanted ones", "table", "ip "+TableName)
 	}
+	if cfg.Guard.On() && !bridgeExisted {
+		log.Info("guarding the routers from pods", "table", "bridge "+TableName, "gossip-port", cfg.Guard.GossipPort,
+			"data-port", cfg.Guard.DataPort, "ipip-from-peers-only", cfg.Guard.IPIPPeersOnly)
+	}
+	info.Changes = append(info.Changes, change)
 	return nil
+}
+
+// chainSpec is a chain and the comments of its rules, in order: what
+// nftUpToDate compares with the kernel's.
+type chainSpec struct {
+	chain    *nftables.Chain
+	comments []string
+}
+
+// wantedChains lists every chain of weft's tables that cfg calls for,
+// with the comments of its rules.
+func wantedChains(cfg Config) []chainSpec {
+	t := weftTable()
+	nat, fwd := baseChains(t)
+	rs := rules(t, nat, fwd, cfg.PodRange)
+	chains := []*nftables.Chain{nat, fwd}
+	if cfg.Guard.On() {
+		in, gfwd := guardChainsOf(t)
+		bt := bridgeTable()
+		pch := podChainOf(bt)
+		chains = append(chains, in, gfwd, pch)
+		rs = append(rs, guardRules(t, in, gfwd, newPeersSet(t), cfg)...)
+		rs = append(rs, podRules(bt, pch, newPodsSet(bt))...)
+	}
+	specs := make([]chainSpec, len(chains))
+	for i, ch := range chains {
+		specs[i].chain = ch
+		for _, r := range rs {
+			if r.Chain == ch {
+				specs[i].comments = append(specs[i].comments, commentOf(r))
+			}
+		}
+	}
+	return specs
+}
+
+func familyName(f nftables.TableFamily) string {
+	if f == nftables.TableFamilyBridge {
+		return "bridge"
+	}
+	return "ip"
+}
+
+// nftUpToDate reports whether weft's tables hold exactly the chains cfg
+// calls for, with the wanted hooks and the wanted rules (by comment, which
+// names each rule's parameters), and the guard's sets.
+func nftUpToDate(c *nftables.Conn, cfg Config) bool {
+	want := wantedChains(cfg)
+	for _, fam := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyBridge} {
+		have, err := c.ListChainsOfTableFamily(fam)
+		if err != nil {
+			return false
+		}
+		n := 0
+		for _, ch := range have {
+			if ch.Table.Name == TableName {
+				n++
+			}
+		}
+		wantN := 0
+		for _, sp := range want {
+			if sp.chain.Table.Family == fam {
+				wantN++
+			}
+		}
+		if n != wantN {
+			return false
+		}
+	}
+	for _, sp := range want {
+		ch, err := c.ListChain(sp.chain.Table, sp.chain.Name)
+		if err != nil || !sameHook(ch, sp.chain) {
+			return false
+		}
+		rs, err := c.GetRules(sp.chain.Table, ch)
+		if err != nil || len(rs) != len(sp.comments) {
+			return false
+		}
+		for i, r := range rs {
+			if commentOf(r) != sp.comments[i] {
+				return false
+			}
+		}
+	}
+	if cfg.Guard.On() {
+		if _, err := c.GetSetByName(weftTable(), peersSet); err != nil {
+			return false
+		}
+		if _, err := c.GetSetByName(bridgeTable(), podsSet); err != nil {
+			return false
+		}
+	}
+	return true
+}
+
+func sameHook(a, b *nftables.Chain) bool {
+	eq := func(x, y any) bool { return fmt.Sprint(x) == fmt.Sprint(y) }
+	deref := func(p *nftables.ChainHook) any {
+		if p == nil {
+			return nil
+		}
+		return *p
+	}
+	prio := func(p *nftables.ChainPriority) any {
+		if p == nil {
+			return nil
+		}
+		return *p
+	}
+	pol := func(p *nftables.ChainPolicy) any {
+		if p == nil {
+			return nftables.ChainPolicyAccept
+		}
+		return *p
+	}
+	return a.Type == b.Type && eq(deref(a.Hooknum), deref(b.Hooknum)) && eq(prio(a.Priority), prio(b.Priority)) && eq(pol(a.Policy), pol(b.Policy))
 }
 
 func weftTable() *nftables.Table {
 	return &nftables.Table{Family: nftables.TableFamilyIPv4, Name: TableName}
+}
+
+// baseChains are the chains of table ip weft without a guard.
+func baseChains(t *nftables.Table) (nat, fwd *nftables.Chain) {
+	accept := nftables.ChainPolicyAccept
+	nat = &nftables.Chain{
+		Name: natChain, Table: t, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource,
+	}
+	fwd = &nftables.Chain{
+		Name: forwardChain, Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept,
+	}
+	return nat, fwd
 }
 
 // rules are the rules of weft's table:
@@ -479,7 +660,6 @@ func weftTable() *nftables.Table {
 //	postrouting: ip saddr <pods> ip daddr != <pods> masquerade
 //	forward:     ip saddr <pods> accept; ip daddr <pods> accept
 func rules(t *nftables.Table, nat, fwd *nftables.Chain, pods netip.Prefix) []*nftables.Rule {
-	comment := func(s string) []byte { return userdata.AppendString(nil, userdata.TypeComment, s) }
 	masq := slices.Concat(
 		matchPrefix(ipv4SrcOffset, pods, expr.CmpOpEq),
 		matchPrefix(ipv4DstOffset, pods, expr.CmpOpNeq),
@@ -487,11 +667,11 @@ func rules(t *nftables.Table, nat, fwd *nftables.Chain, pods netip.Prefix) []*nf
 	)
 	accept := &expr.Verdict{Kind: expr.VerdictAccept}
 	return []*nftables.Rule{
-		{Table: t, Chain: nat, Exprs: masq, UserData: comment("weft: masquerade pods leaving the pod range")},
+		{Table: t, Chain: nat, Exprs: masq, UserData: comment("weft: masquerade pods leaving the pod range " + pods.String())},
 		{Table: t, Chain: fwd, Exprs: append(matchPrefix(ipv4SrcOffset, pods, expr.CmpOpEq), accept),
-			UserData: comment("weft: forward from pods")},
+			UserData: comment("weft: forward from pods " + pods.String())},
 		{Table: t, Chain: fwd, Exprs: append(matchPrefix(ipv4DstOffset, pods, expr.CmpOpEq), accept),
-			UserData: comment("weft: forward to pods")},
+			UserData: comment("weft: forward to pods " + pods.String())},
 	}
 }
 

@@ -134,10 +134,15 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	log = log.With("attachment", att.String(), "netns", args.Netns)
 
 	if args.Netns != "" {
-		err := ns.WithNetNSPath(args.Netns, func(ns.NetNS) error { return deleteLink(att.IfName) })
+		err := deletePodIface(args.Netns, att.IfName)
 		switch {
 		case nsGone(err):
 			log.Debug("pod network namespace already gone", "err", err)
+		case errors.Is(err, errOwnNS):
+			// A runtime bug, or a path reused for the node's namespace:
+			// never delete the node's own interface of that name. The
+			// pod's end goes with the host veth below.
+			log.Warn("CNI_NETNS is the plugin's own network namespace, not a pod's: not touching "+att.IfName+" there", "netns", args.Netns)
 		case err != nil:
 			return internalError("removing %s from the pod network namespace %s: %w", att.IfName, args.Netns, err)
 		}
@@ -256,17 +261,45 @@ func openPodNS(path string) (ns.NetNS, error) {
 	if err != nil {
 		return nil, types.NewError(types.ErrInvalidNetNS, fmt.Sprintf("cannot open the pod network namespace %q (CNI_NETNS): %v", path, err), "")
 	}
-	self, err := ns.GetCurrentNS()
-	if err != nil {
+	if err := notOwnNS(podNS); err != nil {
 		podNS.Close()
-		return nil, internalError("opening the plugin's own network namespace: %w", err)
-	}
-	defer self.Close()
-	if netns.NsHandle(podNS.Fd()).Equal(netns.NsHandle(self.Fd())) {
-		podNS.Close()
-		return nil, types.NewError(types.ErrInvalidNetNS, fmt.Sprintf("CNI_NETNS %q is the plugin's own network namespace, not a pod's", path), "")
+		if errors.Is(err, errOwnNS) {
+			return nil, types.NewError(types.ErrInvalidNetNS, fmt.Sprintf("CNI_NETNS %q is the plugin's own network namespace, not a pod's", path), "")
+		}
+		return nil, internalError("%w", err)
 	}
 	return podNS, nil
+}
+
+// errOwnNS: CNI_NETNS names the plugin's own network namespace.
+var errOwnNS = errors.New("the network namespace is the plugin's own, not a pod's")
+
+// notOwnNS returns errOwnNS when n is the calling thread's namespace.
+func notOwnNS(n ns.NetNS) error {
+	self, err := ns.GetCurrentNS()
+	if err != nil {
+		return fmt.Errorf("opening the plugin's own network namespace: %w", err)
+	}
+	defer self.Close()
+	if netns.NsHandle(n.Fd()).Equal(netns.NsHandle(self.Fd())) {
+		return errOwnNS
+	}
+	return nil
+}
+
+// deletePodIface deletes ifName inside the namespace at path, which it
+// opens once and enters by that handle, so that the namespace checked is
+// the one entered; it refuses (errOwnNS) the plugin's own namespace.
+func deletePodIface(path, ifName string) error {
+	podNS, err := ns.GetNS(path)
+	if err != nil {
+		return err
+	}
+	defer podNS.Close()
+	if err := notOwnNS(podNS); err != nil {
+		return err
+	}
+	return podNS.Do(func(ns.NetNS) error { return deleteLink(ifName) })
 }
 
 // nsGone reports whether err says a network namespace path no longer exists

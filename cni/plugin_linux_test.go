@@ -592,3 +592,41 @@ func TestManyPods(t *testing.T) {
 		}
 	}
 }
+
+// TestDelOwnNetns: a DEL whose CNI_NETNS is the plugin's own namespace (a
+// runtime bug, or a path reused for the node's namespace) never deletes the
+// node's interface of that name; it removes the host veth and releases the
+// address as usual, and succeeds.
+func TestDelOwnNetns(t *testing.T) {
+	e := newKernelEnv(t)
+	id := randomID(t)
+	args := e.args(id, "")
+	e.add(args)
+	// The node's own "eth0" (a veth: this kernel has no dummy links).
+	err := e.node.Do(func(ns.NetNS) error {
+		return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "eth0-peer"})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := *args
+	own.Netns = e.node.Path()
+	for i := range 2 {
+		if err := e.inNode(e.plugin.Del, &own); err != nil {
+			t.Fatalf("DEL #%d with the node's own netns: %v", i+1, err)
+		}
+	}
+	err = e.node.Do(func(ns.NetNS) error {
+		_, err := netlinksafe.LinkByName("eth0")
+		return err
+	})
+	if err != nil {
+		t.Fatalf("DEL deleted the node's own eth0: %v", err)
+	}
+	if _, _, err := e.hostLink(HostVethName(id, "eth0")); !isLinkNotFound(err) {
+		t.Fatalf("host veth still there: %v", err)
+	}
+	if _, ok := e.router.Allocation(api.Attachment{ContainerID: id, IfName: "eth0"}); ok {
+		t.Fatal("address not released")
+	}
+}

@@ -2,15 +2,21 @@ package router
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/netip"
 	"runtime/debug"
 	"slices"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/weft-net/weft/bridge"
+	"github.com/weft-net/weft/cni"
 	"github.com/weft-net/weft/ipalloc"
 	"github.com/weft-net/weft/mesh"
 	"github.com/weft-net/weft/tunnel"
@@ -50,6 +56,9 @@ func (r *Router) openTunnel() error {
 		return fmt.Errorf("data plane: %w", err)
 	}
 	r.tunnel = d
+	if err := r.metrics.reg.Register(newGuardCollector()); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
+		return fmt.Errorf("registering the guard's metrics: %w", err)
+	}
 	return nil
 }
 
@@ -131,9 +140,11 @@ func tunnelPeers(peers []mesh.Peer) []tunnel.Peer {
 }
 
 func (r *Router) syncPeers() {
-	if err := r.tunnel.SetPeers(tunnelPeers(r.mesh.Peers())); err != nil {
+	peers := tunnelPeers(r.mesh.Peers())
+	if err := r.tunnel.SetPeers(peers); err != nil {
 		r.log.Error("data plane: updating peers", "err", err)
 	}
+	r.syncGuardPeers(peers, false)
 }
 
 // ownedRanges turns the ring into the tunnel's routing table.
@@ -168,6 +179,9 @@ func (r *Router) syncRing() {
 	}
 	r.lastRanges = ranges
 	r.lastResync = time.Now()
+	if err := r.syncPodSources(); err != nil {
+		r.log.Error("guard: setting the pods' source addresses", "err", err)
+	}
 }
 
 // resyncDue reports whether the routes were last applied long enough ago
@@ -254,4 +268,135 @@ func WriteConnections(w io.Writer, conns []ConnReport) error {
 		fmt.Fprintf(tw, "-> %s\t%s\t%s\t%s\t%s\t%s\t%s\n", c.Address, c.Outcome, state, mode, crypto, who, strings.Join(errs, "; "))
 	}
 	return tw.Flush()
+}
+
+// guardState is the router's side of the bridge's guard (bridge.Guard):
+// the peers and pod sets it keeps in step. One field of Router.
+type guardState struct {
+	mu        sync.Mutex // serialises the reconciles of the sets
+	lastPeers []netip.Addr
+	peersAt   time.Time
+	warnedAt  time.Time
+}
+
+// bridgeConfig is the bridge's configuration, its guard with it: the
+// routers' ports are closed to pods, and IPIP is taken only from peers
+// where this node may receive it.
+func (r *Router) bridgeConfig(ns netState) bridge.Config {
+	return bridge.Config{
+		Name: r.cfg.Bridge, MTU: ns.mtu, Gateway: ns.gateway, PodRange: r.cfg.Universe,
+		Guard: bridge.Guard{
+			GossipPort: uint16(r.cfg.Port), DataPort: uint16(r.cfg.DataPort),
+			IPIPPeersOnly: r.tunnel != nil && r.tunnel.ReceivesIPIP(),
+		},
+	}
+}
+
+// syncGuard brings both sets of the guard in step now: after the bridge
+// was ensured (a first start makes them empty).
+func (r *Router) syncGuard() {
+	r.syncGuardPeers(tunnelPeers(r.mesh.Peers()), true)
+	if err := r.syncPodSources(); err != nil {
+		r.log.Error("guard: setting the pods' source addresses", "err", err)
+	}
+}
+
+// syncGuardPeers makes the guard's peers set the underlay addresses of
+// peers (IPIP is accepted from them only), when they changed or force.
+func (r *Router) syncGuardPeers(peers []tunnel.Peer, force bool) {
+	var addrs []netip.Addr
+	for _, p := range peers {
+		if p.Underlay.Is4() {
+			addrs = append(addrs, p.Underlay)
+		}
+	}
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	addrs = slices.Compact(addrs)
+	g := &r.guard
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !force && slices.Equal(addrs, g.lastPeers) && time.Since(g.peersAt) < dataplaneResync {
+		return
+	}
+	added, removed, err := bridge.SetPeerAddrs("", addrs)
+	switch {
+	case errors.Is(err, bridge.ErrNoGuard):
+		return // the bridge is not ensured yet; syncGuard follows it
+	case err != nil:
+		r.log.Error("guard: setting the peers' addresses", "err", err)
+		return
+	}
+	if added+removed > 0 {
+		r.log.Debug("guard: peers' addresses updated", "added", added, "removed", removed, "peers", len(addrs))
+	}
+	g.lastPeers, g.peersAt = addrs, time.Now()
+}
+
+// podSources are the pods' rights to send, from the allocator: the host
+// veth of each attachment (cni.HostVethName) with its address. Addresses
+// held as re-claimed from the bridge (their attachment is unknown) are
+// returned apart: whatever the kernel's set has for them is kept.
+func podSources(held []ipalloc.Held) (want []bridge.PodSource, reclaimed map[netip.Addr]bool) {
+	reclaimed = map[netip.Addr]bool{}
+	for _, h := range held {
+		k, addr := h.Key, h.Address.Addr()
+		switch {
+		case k.Reclaimed():
+			reclaimed[addr] = true
+		case k.Internal():
+		default:
+			want = append(want, bridge.PodSource{Veth: cni.HostVethName(k.ContainerID, k.IfName), Addr: addr})
+		}
+	}
+	return want, reclaimed
+}
+
+// syncPodSources makes the guard's pods set what the allocator holds:
+// called before the local API answers an ADD (the pod may send from then
+// on), after a release or GC, and on every resync. Before the bridge is
+// ensured it does nothing (the bridge's Ensure is followed by syncGuard).
+func (r *Router) syncPodSources() error {
+	g := &r.guard
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	want, reclaimed := podSources(r.ipam.Snapshot().Allocations)
+	added, removed, err := bridge.SetPodSources("", want, func(p bridge.PodSource) bool { return reclaimed[p.Addr] })
+	switch {
+	case errors.Is(err, bridge.ErrNoGuard):
+		return nil
+	case err != nil:
+		return err
+	}
+	for _, p := range added {
+		r.log.Debug("guard: pod may send", "veth", p.Veth, "address", p.Addr)
+	}
+	for _, p := range removed {
+		r.log.Debug("guard: pod source withdrawn", "veth", p.Veth, "address", p.Addr)
+	}
+	return nil
+}
+
+// guardCollector exports the guard's drops (bridge.DropCounts) as
+// weft_guard_dropped_packets_total{reason}, read from the kernel's rule
+// counters at each scrape.
+type guardCollector struct {
+	desc *prometheus.Desc
+}
+
+func newGuardCollector() *guardCollector {
+	return &guardCollector{desc: prometheus.NewDesc("weft_guard_dropped_packets_total",
+		"Packets the node's nftables guard dropped, by reason (pod-to-router: a pod to a router's gossip or data port, or IPIP from a pod; ipip-non-peer: IPIP from an address that is no peer; pod-spoofed-source, pod-spoofed-arp: a pod sending with an address not its own; pod-protocol: a pod's frame that is neither IPv4 nor ARP). Counts restart when weft rewrites its tables.",
+		[]string{"reason"}, nil)}
+}
+
+func (c *guardCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *guardCollector) Collect(ch chan<- prometheus.Metric) {
+	counts, err := bridge.DropCounts("")
+	if err != nil {
+		return // no sample rather than a failed scrape of every metric
+	}
+	for _, reason := range bridge.DropReasons {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(counts[reason]), reason)
+	}
 }

@@ -156,6 +156,13 @@ func (l *localAPI) allocate(w http.ResponseWriter, req *http.Request) {
 		l.r.log.Info("allocated address", "container", k.ContainerID, "ifname", k.IfName, "address", ip,
 			"pod", podName(in.PodNamespace, in.PodName))
 	}
+	// The pod may send once it has its answer: its source must be let
+	// through the bridge's guard first (dataplane.go).
+	if err := l.r.syncPodSources(); err != nil {
+		l.r.log.Error("guard: cannot let the pod's address through the bridge", "key", k, "address", ip, "err", err)
+		writeError(w, http.StatusInternalServerError, api.CodeInternal, fmt.Sprintf("letting %s send from %s on the bridge: %v", k, ip, err))
+		return
+	}
 	writeJSON(w, http.StatusOK, l.allocation(k, addr, isNew))
 }
 
@@ -213,6 +220,9 @@ func (l *localAPI) release(w http.ResponseWriter, req *http.Request) {
 		writeError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
 		return
 	}
+	if err := l.r.syncPodSources(); err != nil {
+		l.r.log.Warn("guard: withdrawing a released pod's source address; retried on the next resync", "err", err)
+	}
 	resp := api.ReleaseResponse{Released: ok}
 	if ok {
 		resp.Address = ip.String()
@@ -242,6 +252,9 @@ func (l *localAPI) gc(w http.ResponseWriter, req *http.Request) {
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
 		return
+	}
+	if err := l.r.syncPodSources(); err != nil {
+		l.r.log.Warn("guard: withdrawing released pods' source addresses; retried on the next resync", "err", err)
 	}
 	resp := api.GCResponse{Released: []api.Allocation{}}
 	for _, d := range dropped {

@@ -14,7 +14,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/weft-net/weft/bridge"
 	"github.com/weft-net/weft/ipalloc"
 	"github.com/weft-net/weft/kube"
 	"github.com/weft-net/weft/mesh"
@@ -55,6 +54,7 @@ type Router struct {
 	dataplaneKick chan struct{}
 	lastRanges    []tunnel.OwnedRange // as last applied, by routineDataplane only
 	lastResync    time.Time           // by routineDataplane only
+	guard         guardState          // the bridge guard's sets (dataplane.go)
 
 	mu       sync.Mutex
 	netState netState
@@ -223,9 +223,10 @@ func (r *Router) routineSetup(ctx context.Context) error {
 func (r *Router) ensureBridge() error {
 	ns := r.net()
 	// Ensure logs every change it makes itself.
-	if err := r.kernel.EnsureBridge(bridge.Config{Name: r.cfg.Bridge, MTU: ns.mtu, Gateway: ns.gateway, PodRange: r.cfg.Universe}, r.log); err != nil {
+	if err := r.kernel.EnsureBridge(r.bridgeConfig(ns), r.log); err != nil {
 		return fmt.Errorf("setting up bridge %s: %w", r.cfg.Bridge, err)
 	}
+	r.syncGuard() // hostile-dp: the guard's sets, at once
 	return nil
 }
 

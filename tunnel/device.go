@@ -294,6 +294,10 @@ func (d *Device) Encaps() []Mode {
 // device rather than the userspace path.
 func (d *Device) KernelIPIP() bool { return d.kernel }
 
+// ReceivesIPIP reports whether this node may receive ipip: through the
+// kernel IPIP device or the userspace raw socket.
+func (d *Device) ReceivesIPIP() bool { return d.kernel || d.binds[idxIPIP] != nil }
+
 // ModeFor is the mode this node sends to peer with ("" when the peer is
 // unknown or has no mode in common with this node).
 func (d *Device) ModeFor(peer string) Mode {

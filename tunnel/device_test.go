@@ -53,6 +53,7 @@ type nodeOpts struct {
 	trusted     []netip.Prefix // --trusted-subnets
 	now         func() time.Time
 	rekey       crypt.Limits
+	log         *slog.Logger // testLogger if nil
 }
 
 func newTestNode(t *testing.T, net *bindtest.Network, name string, o nodeOpts) *testNode {
@@ -63,10 +64,13 @@ func newTestNode(t *testing.T, net *bindtest.Network, name string, o nodeOpts) *
 	if o.mtu == 0 {
 		o.mtu = 1440
 	}
+	if o.log == nil {
+		o.log = testLogger(t, name)
+	}
 	n := &testNode{name: name, tun: tuntest.New("weft-tun", o.mtu), rt: &fakeRouting{}}
 	cfg := Config{
 		Self: name, Mode: o.mode, MTU: o.mtu, UnderlayMTU: o.underlayMTU,
-		Logger: testLogger(t, name), TUN: n.tun, Routing: n.rt,
+		Logger: o.log, TUN: n.tun, Routing: n.rt,
 		PSK: o.psk, TrustedSubnets: o.trusted, Now: o.now, Rekey: o.rekey,
 	}
 	if !o.noUDP {

@@ -12,9 +12,13 @@
 // checks the frame and its sender, writes packets for its own ranges into
 // its TUN device (the kernel delivers them to the bridge), and forwards a
 // packet for a range that has moved on once more to the current owner,
-// marked so that it is never forwarded twice. Anything malformed, from an
-// address that is no peer, or without a route is dropped and counted by
-// reason (weft_tunnel_dropped_packets_total), never forwarded.
+// marked so that it is never forwarded twice. A packet is delivered or
+// forwarded only if its inner source lies in a range the ring gives the
+// peer that sent it (for a forwarded one: a range of a peer other than this
+// node), as WireGuard's AllowedIPs. Anything malformed, from an address
+// that is no peer, with a foreign source or without a route is dropped and
+// counted by reason (weft_tunnel_dropped_packets_total), never forwarded;
+// the reasons that point at an attack are warned about once a minute.
 //
 // # Modes
 //

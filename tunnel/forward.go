@@ -211,6 +211,7 @@ func (d *Device) routineRecv(mi int, b conn.Bind, q tun.Queue) error {
 			name, ok := s.byAddr[m.Addr.Addr()]
 			if !ok {
 				t.drop[dropUnknownPeer]++
+				from[dropUnknownPeer] = m.Addr.Addr()
 				continue
 			}
 			var inner []byte
@@ -227,6 +228,11 @@ func (d *Device) routineRecv(mi int, b conn.Bind, q tun.Queue) error {
 				forwarded = m.Mark
 			}
 			if r != dropNone {
+				t.drop[r]++
+				from[r] = m.Addr.Addr()
+				continue
+			}
+			if r := s.sourceOK(name, ipv4Src(inner), forwarded, d.cfg.Self); r != dropNone {
 				t.drop[r]++
 				from[r] = m.Addr.Addr()
 				continue
@@ -283,7 +289,10 @@ func (d *Device) routineRecv(mi int, b conn.Bind, q tun.Queue) error {
 			}
 		}
 		d.send(fwd[:], dirForward, &t)
-		if enc && t.drop[dropAuth]+t.drop[dropReplay]+t.drop[dropPlaintext]+t.drop[dropNoKey] > 0 {
+		if t.warnable() {
+			if now.IsZero() {
+				now = d.now()
+			}
 			d.warnDrops(&t, &from, now)
 		}
 		d.metrics.flush(&t)
@@ -329,6 +338,24 @@ func (s *slab) next() []byte {
 }
 
 func (s *slab) reset() { s.used = 0 }
+
+// sourceOK checks the inner source of a packet that peer sent (WireGuard's
+// AllowedIPs): it must lie in a range the ring gives that peer, its bridge
+// gateway among them. A packet the peer forwards once more for a range that
+// moved on (FlagForwarded) comes from a pod of some third peer: its source
+// must then lie in a range of a peer other than this node. Anything else is
+// a spoofed source: a pod or host that forged it, or a ring not yet in step
+// (the drop is counted and warned about).
+func (s *snapshot) sourceOK(peer string, src netip.Addr, forwarded bool, self string) dropReason {
+	owner, ok := s.routes.Owner(src)
+	switch {
+	case ok && owner == peer:
+		return dropNone
+	case forwarded && ok && owner != self:
+		return dropNone
+	}
+	return dropSpoofed
+}
 
 // sendPath is how packets for owner leave this node, or why they cannot:
 // no such peer, no session key yet, or no encapsulation in common.

@@ -33,6 +33,8 @@ const (
 	dropReplay                             // an authentic frame seen before, or too old
 	dropPlaintext                          // a plaintext frame (or IPIP packet) from a peer that must encrypt
 	dropNoKey                              // encryption is on, but the peer publishes no usable public key
+	dropSpoofed                            // a decapsulated packet whose inner source is not the sending peer's
+	dropKeyBudget                          // a frame of a new key id beyond the peer's budget of key derivations
 	numDropReasons
 )
 
@@ -40,7 +42,7 @@ var dropReasonNames = [numDropReasons]string{
 	"truncated", "version", "type", "encrypted", "malformed", "unknown-peer",
 	"no-route", "no-peer", "incompatible", "local", "forward-loop", "ttl",
 	"not-ipv4", "too-big", "send-error", "tun-error",
-	"auth", "replay", "plaintext", "no-key",
+	"auth", "replay", "plaintext", "no-key", "spoofed-source", "key-budget",
 }
 
 // Packet directions for the traffic counters.
@@ -94,7 +96,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"direction", "mode"}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "weft_tunnel_dropped_packets_total",
-			Help: "Packets the tunnel dropped, by reason (auth: failed authentication; replay: duplicate or too old; plaintext: unencrypted from a peer outside the trusted subnets; no-key: the peer has no public key).",
+			Help: "Packets the tunnel dropped, by reason (auth: failed authentication; replay: duplicate or too old; plaintext: unencrypted from a peer outside the trusted subnets; no-key: the peer has no public key; unknown-peer: from an underlay address that is no peer; spoofed-source: the inner source is outside the ranges of the peer that sent it; key-budget: a new key id beyond the peer's budget).",
 		}, []string{"reason"}),
 		icmp: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "weft_tunnel_icmp_frag_needed_total",

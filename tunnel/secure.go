@@ -235,6 +235,8 @@ func openFrame(b []byte, p *peerPath, enc bool, sc *crypt.Scratch, now time.Time
 		switch {
 		case errors.Is(err, crypt.ErrReplay):
 			return h, nil, dropReplay
+		case errors.Is(err, crypt.ErrKeyBudget):
+			return h, nil, dropKeyBudget
 		case err != nil:
 			return h, nil, dropAuth
 		}
@@ -270,17 +272,33 @@ type dropWarnings struct {
 
 // warned are the reasons warned about, and what the warning says.
 var warned = map[dropReason]string{
-	dropAuth:      "encrypted frames failed authentication: a peer with another password, or forged traffic",
-	dropReplay:    "encrypted frames were replays or too old",
-	dropPlaintext: "plaintext frames came from a peer outside --trusted-subnets, which must encrypt: does it run without a password?",
-	dropNoKey:     "encrypted frames came from a peer whose public key this node does not have (yet)",
+	dropAuth:        "encrypted frames failed authentication: a peer with another password, or forged traffic",
+	dropReplay:      "encrypted frames were replays or too old",
+	dropPlaintext:   "plaintext frames came from a peer outside --trusted-subnets, which must encrypt: does it run without a password?",
+	dropNoKey:       "encrypted frames came from a peer whose public key this node does not have (yet)",
+	dropUnknownPeer: "frames came from an underlay address that is no known peer: forged traffic, or a peer this node has not heard of yet",
+	dropSpoofed:     "decapsulated packets had an inner source outside the ranges of the peer that sent them: a pod or host forging addresses, or a ring not yet in step",
+	dropKeyBudget:   "encrypted frames of new key ids came faster than a peer rekeys: forged traffic (they were dropped unopened)",
+}
+
+// warnedReasons are the keys of warned, for the packet path.
+var warnedReasons = []dropReason{dropAuth, dropReplay, dropPlaintext, dropNoKey, dropUnknownPeer, dropSpoofed, dropKeyBudget}
+
+// warnable reports whether the tally holds drops that are warned about.
+func (t *tally) warnable() bool {
+	for _, r := range warnedReasons {
+		if t.drop[r] != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // warnDrops logs the warned-about drops of a batch, rate-limited; from
 // holds the source of the last of each.
 func (d *Device) warnDrops(t *tally, from *[numDropReasons]netip.Addr, now time.Time) {
-	for r, msg := range warned {
-		n := t.drop[r]
+	for _, r := range warnedReasons {
+		msg, n := warned[r], t.drop[r]
 		if n == 0 {
 			continue
 		}

@@ -45,7 +45,20 @@ const (
 	// epoch still in flight (other queues, reordering) arrive well
 	// within it.
 	DefaultKeepPrevious = 30 * time.Second
+	// DefaultKeyBudget is how many key ids of a peer that never
+	// authenticate this node derives keys for, at most, in a burst; one
+	// more each DefaultKeyRefill. A genuine new epoch costs nothing (its
+	// derivation is refunded once a frame authenticates with it), and a
+	// peer makes one every two minutes, so only forged frames use the
+	// budget up: beyond it their key ids are refused before any key is
+	// derived, in constant time and without allocating.
+	DefaultKeyBudget = 4
+	DefaultKeyRefill = time.Second
 )
+
+// maxFloors bounds the remote keys whose newest epoch Local remembers
+// after their Session is gone; beyond it the oldest entry is forgotten.
+const maxFloors = 4096
 
 // Errors of Open and Next.
 var (
@@ -58,6 +71,11 @@ var (
 	// ErrEpochsExhausted: this key pair has used every epoch (after 2^32
 	// rekeys); a restart makes a new key pair.
 	ErrEpochsExhausted = errors.New("this node's key pair has used up its key ids: restart to make a new one")
+
+	// ErrKeyBudget: a frame of a new key id while the peer's budget of
+	// key derivations is used up; it was refused unopened. It is an
+	// ErrAuth: such a frame is forged, or its key id was.
+	ErrKeyBudget = fmt.Errorf("%w: too many new key ids from this peer", ErrAuth)
 
 	// errOldEpoch is made once: a flood of such frames allocates nothing.
 	errOldEpoch = fmt.Errorf("%w: its key id is older than the ones in use", ErrReplay)
@@ -123,6 +141,10 @@ type Limits struct {
 	RekeyAfterMessages uint64
 	RekeyAfterTime     time.Duration
 	KeepPrevious       time.Duration
+	// KeyBudget and KeyRefill bound the key derivations for new key ids
+	// that do not authenticate (DefaultKeyBudget, DefaultKeyRefill).
+	KeyBudget int
+	KeyRefill time.Duration
 }
 
 func (l Limits) withDefaults() Limits {
@@ -135,6 +157,12 @@ func (l Limits) withDefaults() Limits {
 	if l.KeepPrevious <= 0 {
 		l.KeepPrevious = DefaultKeepPrevious
 	}
+	if l.KeyBudget <= 0 {
+		l.KeyBudget = DefaultKeyBudget
+	}
+	if l.KeyRefill <= 0 {
+		l.KeyRefill = DefaultKeyRefill
+	}
 	return l
 }
 
@@ -146,15 +174,48 @@ type Local struct {
 	limits  Limits
 	newAEAD func(key []byte) (cipher.AEAD, error)
 	epoch   atomic.Uint32 // the last epoch handed out
+
+	floorMu sync.Mutex // guards the fields below
+	// floors is, per remote key, the newest epoch any Session accepted
+	// from it, so that a Session made again for that key (the tunnel
+	// forgot the old one) refuses the epochs the old one saw: frames
+	// recorded then cannot be replayed into the new one.
+	floors     map[PublicKey]uint32
+	floorOrder []PublicKey // oldest first, for maxFloors
 }
 
 // NewLocal returns the local side for key pair kp and the password's PSK.
 func NewLocal(kp *KeyPair, psk [KeySize]byte, l Limits) *Local {
-	return &Local{kp: kp, psk: psk, limits: l.withDefaults(), newAEAD: newAESGCM}
+	return &Local{kp: kp, psk: psk, limits: l.withDefaults(), newAEAD: newAESGCM, floors: map[PublicKey]uint32{}}
 }
 
 // Public is this node's public key.
 func (l *Local) Public() PublicKey { return l.kp.pub }
+
+// floor is the newest epoch accepted from remote by any Session (0: none).
+func (l *Local) floor(remote PublicKey) uint32 {
+	l.floorMu.Lock()
+	defer l.floorMu.Unlock()
+	return l.floors[remote]
+}
+
+// raiseFloor records that a Session accepted epoch e from remote.
+func (l *Local) raiseFloor(remote PublicKey, e uint32) {
+	l.floorMu.Lock()
+	defer l.floorMu.Unlock()
+	old, ok := l.floors[remote]
+	if ok && old >= e {
+		return
+	}
+	if !ok {
+		if len(l.floorOrder) >= maxFloors {
+			delete(l.floors, l.floorOrder[0])
+			l.floorOrder = append(l.floorOrder[:0], l.floorOrder[1:]...)
+		}
+		l.floorOrder = append(l.floorOrder, remote)
+	}
+	l.floors[remote] = e
+}
 
 // nextEpoch hands out an epoch that this key pair has never used.
 func (l *Local) nextEpoch() (uint32, error) {
@@ -185,6 +246,13 @@ type Session struct {
 	cur, prev *recvKey   // the newest authenticated epoch and the one before
 	prevUntil time.Time  // prev is refused from then on
 	trial     *recvKey   // keys of a newer epoch, kept until a frame authenticates with them
+	// floor: epochs up to it are refused (those an earlier Session with
+	// the same remote key accepted); 0 for a remote key never heard.
+	floor uint32
+	// budget is how many derivations of keys for new epochs are left;
+	// it grows by one every KeyRefill since budgetAt, up to KeyBudget.
+	budget   int
+	budgetAt time.Time
 }
 
 // SendKey is the key of one send epoch.
@@ -229,7 +297,7 @@ func (l *Local) Session(remote PublicKey) (*Session, error) {
 	if err != nil {
 		return nil, fmt.Errorf("deriving session keys: %w", err)
 	}
-	return &Session{l: l, remote: remote, prk: prk}, nil
+	return &Session{l: l, remote: remote, prk: prk, floor: l.floor(remote), budget: l.limits.KeyBudget}, nil
 }
 
 // Remote is the peer's public key.
@@ -339,6 +407,8 @@ func (s *Session) Open(sc *Scratch, epoch uint32, counter uint64, ad, ciphertext
 	if k == s.trial {
 		s.prev, s.cur, s.trial = s.cur, k, nil
 		s.prevUntil = now.Add(s.l.limits.KeepPrevious)
+		s.budget = min(s.budget+1, s.l.limits.KeyBudget) // a genuine epoch costs nothing
+		s.l.raiseFloor(s.remote, k.epoch)
 	}
 	return pt, nil
 }
@@ -351,10 +421,13 @@ func (s *Session) recvKeyLocked(epoch uint32, now time.Time) (*recvKey, error) {
 		return s.cur, nil
 	case s.prev != nil && epoch == s.prev.epoch && now.Before(s.prevUntil):
 		return s.prev, nil
-	case s.cur != nil && epoch < s.cur.epoch:
+	case s.cur != nil && epoch < s.cur.epoch, epoch <= s.floor:
 		return nil, errOldEpoch
 	case s.trial != nil && epoch == s.trial.epoch:
 		return s.trial, nil
+	}
+	if !s.spendLocked(now) {
+		return nil, ErrKeyBudget
 	}
 	aead, err := s.key(s.remote, s.l.kp.pub, epoch)
 	if err != nil {
@@ -362,6 +435,29 @@ func (s *Session) recvKeyLocked(epoch uint32, now time.Time) (*recvKey, error) {
 	}
 	s.trial = &recvKey{epoch: epoch, aead: aead}
 	return s.trial, nil
+}
+
+// spendLocked takes one key derivation from the budget, refilled by one
+// every KeyRefill; it reports false, taking nothing, when none is left.
+func (s *Session) spendLocked(now time.Time) bool {
+	lim := s.l.limits
+	if s.budget < lim.KeyBudget {
+		if s.budgetAt.IsZero() || now.Before(s.budgetAt) {
+			s.budgetAt = now // the first spend, or a clock that went back
+		}
+		if n := now.Sub(s.budgetAt) / lim.KeyRefill; n > 0 {
+			s.budget = int(min(int64(lim.KeyBudget), int64(s.budget)+int64(n)))
+			s.budgetAt = s.budgetAt.Add(n * lim.KeyRefill)
+		}
+	}
+	if s.budget == 0 {
+		return false
+	}
+	if s.budget == lim.KeyBudget {
+		s.budgetAt = now // the refill clock starts at the first spend from full
+	}
+	s.budget--
+	return true
 }
 
 // newAESGCM is the AEAD of data frames.

@@ -1,0 +1,115 @@
+package bridge
+
+// The node's guard against its pods (issue 12): weft's routers run in the
+// host network, so every pod reaches their ports. The guard is two parts
+// of weft's nftables tables:
+//
+//   - table ip weft, chains guard-input and guard-forward: traffic from the
+//     pod range to the gossip port (TCP and UDP) and the data port (UDP) of
+//     this node or any host outside the pod range, and IP protocol 4 (IPIP)
+//     from the pod range, is dropped, so that a pod's packet is never
+//     masqueraded into this node's underlay identity towards a peer; and
+//     IPIP from an address that is not a known peer's (set peers) is
+//     dropped before the kernel IPIP device or the raw socket sees it.
+//   - table bridge weft, chain prerouting: a frame that a pod sends into
+//     its veth leaves it only with the pod's own IPv4 address (set pods:
+//     host veth . address), as an IPv4 source or an ARP sender; any other
+//     IPv4 source or ARP sender, and every frame of another protocol, is
+//     dropped.
+//
+// Every drop rule counts; DropCounts reads the counts by reason.
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+)
+
+// Names in weft's tables.
+const (
+	guardInputChain   = "guard-input"
+	guardForwardChain = "guard-forward"
+	podsChain         = "prerouting" // of table bridge weft
+	peersSet          = "peers"      // of table ip weft
+	podsSet           = "pods"       // of table bridge weft
+
+	// PodVethPrefix starts the name of every host end of a pod veth
+	// (cni.HostVethName): the bridge ports the anti-spoofing rules apply to.
+	PodVethPrefix = "weft"
+)
+
+// Guard configures the guard. The zero value is off: no guard chains, no
+// bridge table.
+type Guard struct {
+	// GossipPort and DataPort are the routers' ports (--gossip-port,
+	// --data-port); both must be set for the guard to be on.
+	GossipPort, DataPort uint16
+	// IPIPPeersOnly drops IPIP from addresses that are not in the peers
+	// set (SetPeerAddrs): set it where this node may receive ipip.
+	IPIPPeersOnly bool
+}
+
+// On reports whether the guard is configured.
+func (g Guard) On() bool { return g.GossipPort != 0 && g.DataPort != 0 }
+
+// Drop reasons of the guard's rules, the labels of DropCounts.
+const (
+	DropPodToRouter   = "pod-to-router"      // a pod to a router's gossip or data port, or IPIP from a pod
+	DropIPIPNonPeer   = "ipip-non-peer"      // IPIP from an address that is no known peer
+	DropSpoofedSource = "pod-spoofed-source" // a pod's IPv4 packet with a source that is not its address
+	DropSpoofedARP    = "pod-spoofed-arp"    // a pod's ARP with a sender address that is not its own
+	DropPodProtocol   = "pod-protocol"       // a pod's frame that is neither IPv4 nor ARP
+)
+
+// DropReasons lists the reasons, in a fixed order.
+var DropReasons = []string{DropPodToRouter, DropIPIPNonPeer, DropSpoofedSource, DropSpoofedARP, DropPodProtocol}
+
+// PodSource is one pod attachment's right to send: frames from the host
+// veth Veth may carry the source Addr.
+type PodSource struct {
+	Veth string
+	Addr netip.Addr
+}
+
+func (p PodSource) String() string { return p.Veth + " " + p.Addr.String() }
+
+func comparePodSources(a, b PodSource) int {
+	return cmp.Or(cmp.Compare(a.Veth, b.Veth), a.Addr.Compare(b.Addr))
+}
+
+// validatePodSource checks an element before it reaches the kernel.
+func validatePodSource(p PodSource) error {
+	if err := validateName(p.Veth); err != nil {
+		return fmt.Errorf("pod source %s: %w", p, err)
+	}
+	if !p.Addr.Is4() {
+		return fmt.Errorf("pod source %s: want an IPv4 address", p)
+	}
+	return nil
+}
+
+// diffSet is the pure part of reconciling a set: what to add and what to
+// delete so that have becomes want. Both come sorted, without duplicates.
+func diffSet[T comparable](want, have []T, compare func(a, b T) int) (add, del []T) {
+	w := slices.Clone(want)
+	slices.SortFunc(w, compare)
+	w = slices.Compact(w)
+	h := slices.Clone(have)
+	slices.SortFunc(h, compare)
+	h = slices.Compact(h)
+	i, j := 0, 0
+	for i < len(w) || j < len(h) {
+		switch {
+		case j == len(h) || (i < len(w) && compare(w[i], h[j]) < 0):
+			add = append(add, w[i])
+			i++
+		case i == len(w) || compare(w[i], h[j]) > 0:
+			del = append(del, h[j])
+			j++
+		default:
+			i, j = i+1, j+1
+		}
+	}
+	return add, del
+}

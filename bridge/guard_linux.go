@@ -1,0 +1,394 @@
+package bridge
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
+	"golang.org/x/sys/unix"
+)
+
+// ErrNoGuard says that weft's tables have no guard sets yet: Ensure has
+// not run with a Guard (or weft reset removed them). Try again after it.
+var ErrNoGuard = errors.New("weft's nftables guard is not set up yet (the bridge is not ensured)")
+
+// ifNameLen is the size of an interface name in nftables (IFNAMSIZ).
+const ifNameLen = 16
+
+// Registers: the 16-byte register 1 for single matches; the 4-byte
+// registers from NFT_REG32_00 for concatenations (an interface name takes
+// four of them, the address the fifth).
+const (
+	reg1      = 1
+	reg32Name = 8  // NFT_REG32_00
+	reg32Addr = 12 // NFT_REG32_04
+)
+
+// Ether types.
+const (
+	etherIPv4 = 0x0800
+	etherARP  = 0x0806
+)
+
+func bridgeTable() *nftables.Table {
+	return &nftables.Table{Family: nftables.TableFamilyBridge, Name: TableName}
+}
+
+// dropComment is the comment of a drop rule: DropCounts reads its reason
+// back from it, and Ensure compares comments to see whether the rules are
+// the ones wanted, so each carries the parameters that shape its rule.
+func dropComment(reason, text string) string { return "weft drop " + reason + ": " + text }
+
+// reasonOf reads the reason back from a drop rule's comment.
+func reasonOf(comment string) (string, bool) {
+	rest, ok := strings.CutPrefix(comment, "weft drop ")
+	if !ok {
+		return "", false
+	}
+	reason, _, ok := strings.Cut(rest, ":")
+	return reason, ok && slices.Contains(DropReasons, reason)
+}
+
+func counterDrop() []expr.Any {
+	return []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}}
+}
+
+func l4proto(p byte) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{p}},
+	}
+}
+
+func dport(port uint16) []expr.Any {
+	return []expr.Any{
+		&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binary.BigEndian.AppendUint16(nil, port)},
+	}
+}
+
+func ipProtoIPIP() []expr.Any {
+	return []expr.Any{
+		&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: 9, Len: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{unix.IPPROTO_IPIP}},
+	}
+}
+
+// guardChainsOf are the guard's chains of table ip weft: before any other
+// filter at their hooks, so that their drops are final.
+func guardChainsOf(t *nftables.Table) (in, fwd *nftables.Chain) {
+	accept := nftables.ChainPolicyAccept
+	prio := nftables.ChainPriorityRef(*nftables.ChainPriorityFilter - 10)
+	in = &nftables.Chain{Name: guardInputChain, Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookInput, Priority: prio, Policy: &accept}
+	fwd = &nftables.Chain{Name: guardForwardChain, Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookForward, Priority: prio, Policy: &accept}
+	return in, fwd
+}
+
+// guardRules are the rules of the guard's chains; peers is the peers set.
+func guardRules(t *nftables.Table, in, fwd *nftables.Chain, peers *nftables.Set, cfg Config) []*nftables.Rule {
+	g := cfg.Guard
+	pods := cfg.PodRange
+	type match struct {
+		what  string
+		exprs []expr.Any
+	}
+	toRouter := []match{
+		{fmt.Sprintf("tcp/%d (gossip)", g.GossipPort), slices.Concat(l4proto(unix.IPPROTO_TCP), dport(g.GossipPort))},
+		{fmt.Sprintf("udp/%d (gossip)", g.GossipPort), slices.Concat(l4proto(unix.IPPROTO_UDP), dport(g.GossipPort))},
+		{fmt.Sprintf("udp/%d (data)", g.DataPort), slices.Concat(l4proto(unix.IPPROTO_UDP), dport(g.DataPort))},
+		{"ipip", ipProtoIPIP()},
+	}
+	var out []*nftables.Rule
+	for _, m := range toRouter {
+		out = append(out, &nftables.Rule{Table: t, Chain: in,
+			Exprs:    slices.Concat(matchPrefix(ipv4SrcOffset, pods, expr.CmpOpEq), m.exprs, counterDrop()),
+			UserData: comment(dropComment(DropPodToRouter, fmt.Sprintf("pods %s to this node's %s", pods, m.what)))})
+	}
+	for _, m := range toRouter {
+		out = append(out, &nftables.Rule{Table: t, Chain: fwd,
+			Exprs: slices.Concat(matchPrefix(ipv4SrcOffset, pods, expr.CmpOpEq), matchPrefix(ipv4DstOffset, pods, expr.CmpOpNeq),
+				m.exprs, counterDrop()),
+			UserData: comment(dropComment(DropPodToRouter, fmt.Sprintf("pods %s to another host's %s", pods, m.what)))})
+	}
+	if g.IPIPPeersOnly {
+		out = append(out, &nftables.Rule{Table: t, Chain: in,
+			Exprs: slices.Concat(ipProtoIPIP(),
+				[]expr.Any{
+					&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: ipv4SrcOffset, Len: 4},
+					&expr.Lookup{SourceRegister: reg1, SetName: peers.Name, SetID: peers.ID, Invert: true},
+				}, counterDrop()),
+			UserData: comment(dropComment(DropIPIPNonPeer, "ipip from an address not in @"+peersSet))})
+	}
+	return out
+}
+
+// podChainOf is table bridge weft's prerouting chain.
+func podChainOf(t *nftables.Table) *nftables.Chain {
+	accept := nftables.ChainPolicyAccept
+	return &nftables.Chain{Name: podsChain, Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityFilter, Policy: &accept}
+}
+
+// podRules are the anti-spoofing rules of chain ch; pods is the pods set.
+func podRules(t *nftables.Table, ch *nftables.Chain, pods *nftables.Set) []*nftables.Rule {
+	fromPod := []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte(PodVethPrefix)}, // a prefix: "weft*"
+	}
+	etherType := func(op expr.CmpOp, types ...uint16) []expr.Any {
+		out := []expr.Any{&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseLLHeader, Offset: 12, Len: 2}}
+		for _, et := range types {
+			out = append(out, &expr.Cmp{Op: op, Register: reg1, Data: binary.BigEndian.AppendUint16(nil, et)})
+		}
+		return out
+	}
+	notPodSource := func(offset uint32) []expr.Any {
+		return []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg32Name},
+			&expr.Payload{DestRegister: reg32Addr, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
+			&expr.Lookup{SourceRegister: reg32Name, SetName: pods.Name, SetID: pods.ID, Invert: true},
+		}
+	}
+	const arpSenderIP = 14 // after htype, ptype, hlen, plen, op and the sender's MAC
+	specs := []struct {
+		reason, text string
+		exprs        []expr.Any
+	}{
+		{DropPodProtocol, "frames from pod veths " + PodVethPrefix + "* that are neither IPv4 nor ARP",
+			etherType(expr.CmpOpNeq, etherIPv4, etherARP)},
+		{DropSpoofedSource, "IPv4 from a pod veth whose source is not that pod's address in @" + podsSet,
+			slices.Concat(etherType(expr.CmpOpEq, etherIPv4), notPodSource(ipv4SrcOffset))},
+		{DropSpoofedARP, "ARP from a pod veth whose sender is not that pod's address in @" + podsSet + " (nor 0.0.0.0, a probe)",
+			slices.Concat(etherType(expr.CmpOpEq, etherARP), []expr.Any{
+				&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: arpSenderIP, Len: 4},
+				&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: []byte{0, 0, 0, 0}},
+			}, notPodSource(arpSenderIP))},
+	}
+	var out []*nftables.Rule
+	for _, r := range specs {
+		out = append(out, &nftables.Rule{Table: t, Chain: ch, Exprs: slices.Concat(fromPod, r.exprs, counterDrop()),
+			UserData: comment(dropComment(r.reason, r.text))})
+	}
+	return out
+}
+
+func newPeersSet(t *nftables.Table) *nftables.Set {
+	return &nftables.Set{Table: t, Name: peersSet, KeyType: nftables.TypeIPAddr}
+}
+
+func newPodsSet(t *nftables.Table) *nftables.Set {
+	return &nftables.Set{Table: t, Name: podsSet, KeyType: nftables.MustConcatSetType(nftables.TypeIFName, nftables.TypeIPAddr), Concatenation: true}
+}
+
+func comment(s string) []byte { return userdata.AppendString(nil, userdata.TypeComment, s) }
+
+func commentOf(r *nftables.Rule) string {
+	s, _ := userdata.GetString(r.UserData, userdata.TypeComment)
+	return s
+}
+
+// podKey is the set key of a pod source: the interface name padded to
+// IFNAMSIZ, then the address.
+func podKey(p PodSource) []byte {
+	k := make([]byte, ifNameLen+4)
+	copy(k, p.Veth)
+	a := p.Addr.As4()
+	copy(k[ifNameLen:], a[:])
+	return k
+}
+
+func podFromKey(k []byte) (PodSource, bool) {
+	if len(k) != ifNameLen+4 {
+		return PodSource{}, false
+	}
+	name, _, _ := strings.Cut(string(k[:ifNameLen]), "\x00")
+	return PodSource{Veth: name, Addr: netip.AddrFrom4([4]byte(k[ifNameLen:]))}, true
+}
+
+// setElements reads a set's elements; ErrNoGuard when there is no such set.
+func setElements(c *nftables.Conn, t *nftables.Table, name string) (*nftables.Set, []nftables.SetElement, error) {
+	s, err := c.GetSetByName(t, name)
+	if err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil, nil, ErrNoGuard
+		}
+		return nil, nil, fmt.Errorf("reading nftables set %s of table %s: %w", name, t.Name, err)
+	}
+	els, err := c.GetSetElements(s)
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading nftables set %s of table %s: %w", name, t.Name, err)
+	}
+	return s, els, nil
+}
+
+// SetPeerAddrs makes the peers set of table ip weft (IPIP is accepted only
+// from these underlay addresses) exactly addrs, in one batch, and says how
+// many it added and removed. It returns ErrNoGuard (wrapped) before Ensure
+// has set the guard up.
+func SetPeerAddrs(nsPath string, addrs []netip.Addr) (added, removed int, err error) {
+	for _, a := range addrs {
+		if !a.Is4() {
+			return 0, 0, fmt.Errorf("peer address %v: want IPv4", a)
+		}
+	}
+	n, err := openNS(nsPath)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer n.close()
+	c, err := n.nft()
+	if err != nil {
+		return 0, 0, err
+	}
+	s, els, err := setElements(c, weftTable(), peersSet)
+	if err != nil {
+		return 0, 0, err
+	}
+	var have []netip.Addr
+	for _, e := range els {
+		if a, ok := netip.AddrFromSlice(e.Key); ok {
+			have = append(have, a)
+		}
+	}
+	add, del := diffSet(addrs, have, netip.Addr.Compare)
+	if len(add)+len(del) == 0 {
+		return 0, 0, nil
+	}
+	toEls := func(as []netip.Addr) []nftables.SetElement {
+		out := make([]nftables.SetElement, len(as))
+		for i, a := range as {
+			out[i] = nftables.SetElement{Key: a.AsSlice()}
+		}
+		return out
+	}
+	if len(add) > 0 {
+		if err := c.SetAddElements(s, toEls(add)); err != nil {
+			return 0, 0, err
+		}
+	}
+	if len(del) > 0 {
+		if err := c.SetDeleteElements(s, toEls(del)); err != nil {
+			return 0, 0, err
+		}
+	}
+	if err := c.Flush(); err != nil {
+		return 0, 0, fmt.Errorf("updating nftables set ip %s %s: %w", TableName, peersSet, err)
+	}
+	return len(add), len(del), nil
+}
+
+// SetPodSources makes the pods set of table bridge weft (what each pod
+// veth may send as its source) want, in one batch: it adds what is
+// missing and removes every other element, except those keep says to
+// keep (a pod whose attachment the router no longer knows, but whose
+// address it holds). It returns what it added and removed, or ErrNoGuard
+// (wrapped) before Ensure has set the guard up.
+func SetPodSources(nsPath string, want []PodSource, keep func(PodSource) bool) (added, removed []PodSource, err error) {
+	for _, p := range want {
+		if err := validatePodSource(p); err != nil {
+			return nil, nil, err
+		}
+	}
+	n, err := openNS(nsPath)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer n.close()
+	c, err := n.nft()
+	if err != nil {
+		return nil, nil, err
+	}
+	s, els, err := setElements(c, bridgeTable(), podsSet)
+	if err != nil {
+		return nil, nil, err
+	}
+	var have []PodSource
+	for _, e := range els {
+		if p, ok := podFromKey(e.Key); ok {
+			have = append(have, p)
+		}
+	}
+	add, del := diffSet(want, have, comparePodSources)
+	if keep != nil {
+		del = slices.DeleteFunc(del, keep)
+	}
+	if len(add)+len(del) == 0 {
+		return nil, nil, nil
+	}
+	toEls := func(ps []PodSource) []nftables.SetElement {
+		out := make([]nftables.SetElement, len(ps))
+		for i, p := range ps {
+			out[i] = nftables.SetElement{Key: podKey(p)}
+		}
+		return out
+	}
+	if len(add) > 0 {
+		if err := c.SetAddElements(s, toEls(add)); err != nil {
+			return nil, nil, err
+		}
+	}
+	if len(del) > 0 {
+		if err := c.SetDeleteElements(s, toEls(del)); err != nil {
+			return nil, nil, err
+		}
+	}
+	if err := c.Flush(); err != nil {
+		return nil, nil, fmt.Errorf("updating nftables set bridge %s %s: %w", TableName, podsSet, err)
+	}
+	return add, del, nil
+}
+
+// DropCounts reads the packets the guard's rules dropped, by reason (every
+// reason of DropReasons is present, 0 without a guard).
+func DropCounts(nsPath string) (map[string]uint64, error) {
+	n, err := openNS(nsPath)
+	if err != nil {
+		return nil, err
+	}
+	defer n.close()
+	c, err := n.nft()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]uint64{}
+	for _, r := range DropReasons {
+		out[r] = 0
+	}
+	for _, tc := range []struct {
+		t      *nftables.Table
+		chains []string
+	}{
+		{weftTable(), []string{guardInputChain, guardForwardChain}},
+		{bridgeTable(), []string{podsChain}},
+	} {
+		for _, name := range tc.chains {
+			rules, err := c.GetRules(tc.t, &nftables.Chain{Name: name, Table: tc.t})
+			if errors.Is(err, unix.ENOENT) {
+				continue
+			}
+			if err != nil {
+				return nil, fmt.Errorf("reading the rules of %s %s: %w", tc.t.Name, name, err)
+			}
+			for _, r := range rules {
+				reason, ok := reasonOf(commentOf(r))
+				if !ok {
+					continue
+				}
+				for _, x := range r.Exprs {
+					if ctr, ok := x.(*expr.Counter); ok {
+						out[reason] += ctr.Packets
+					}
+				}
+			}
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,421 @@
+package bridge
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/containernetworking/plugins/pkg/testutils"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+var testGuard = Guard{GossipPort: 6783, DataPort: 6784, IPIPPeersOnly: true}
+
+func (e *env) guarded() {
+	e.cfg.Guard = testGuard
+}
+
+// TestGuardSetsSurviveEnsure: the guard's tables come with Ensure, their
+// sets are reconciled exactly, a second Ensure changes nothing (the
+// counters and elements stay), and a rebuild (another configuration)
+// keeps the elements.
+func TestGuardSetsSurviveEnsure(t *testing.T) {
+	e := newEnv(t)
+	if _, _, err := SetPeerAddrs(e.ns.Path(), nil); !errors.Is(err, ErrNoGuard) {
+		t.Fatalf("SetPeerAddrs before Ensure: %v, want ErrNoGuard", err)
+	}
+	e.guarded()
+	e.ensure(t)
+	peers := []netip.Addr{netip.MustParseAddr("192.0.2.2"), netip.MustParseAddr("192.0.2.3")}
+	if add, del, err := SetPeerAddrs(e.ns.Path(), peers); err != nil || add != 2 || del != 0 {
+		t.Fatalf("SetPeerAddrs: +%d -%d %v", add, del, err)
+	}
+	if add, del, err := SetPeerAddrs(e.ns.Path(), peers[1:]); err != nil || add != 0 || del != 1 {
+		t.Fatalf("SetPeerAddrs again: +%d -%d %v", add, del, err)
+	}
+	pods := []PodSource{{"weft0123456789a", netip.MustParseAddr("10.32.0.5")}, {"weftbbbbbbbbbbb", netip.MustParseAddr("10.32.0.6")}}
+	stale := PodSource{"weftccccccccccc", netip.MustParseAddr("10.32.0.7")}
+	if add, _, err := SetPodSources(e.ns.Path(), append(slices.Clone(pods), stale), nil); err != nil || len(add) != 3 {
+		t.Fatalf("SetPodSources: %v %v", add, err)
+	}
+	// The stale one goes unless kept; a kept one stays.
+	kept := PodSource{"weftddddddddddd", netip.MustParseAddr("10.32.0.8")}
+	if _, _, err := SetPodSources(e.ns.Path(), []PodSource{kept}, nil); err != nil {
+		t.Fatal(err)
+	}
+	add, del, err := SetPodSources(e.ns.Path(), pods, func(p PodSource) bool { return p.Addr == kept.Addr })
+	if err != nil || len(add) != 2 || len(del) != 0 {
+		t.Fatalf("SetPodSources with keep: +%v -%v %v", add, del, err)
+	}
+	check := func(when string) {
+		t.Helper()
+		if got := e.podSources(t); !slices.Equal(got, append(slices.Clone(pods), kept)) {
+			t.Errorf("%s: pods set %v, want %v and %v", when, got, pods, kept)
+		}
+		if got := e.peerAddrs(t); !slices.Equal(got, peers[1:]) {
+			t.Errorf("%s: peers set %v, want %v", when, got, peers[1:])
+		}
+	}
+	check("after SetPodSources")
+	if info := e.ensure(t); len(info.Changes) != 0 {
+		t.Errorf("second Ensure changed %v", info.Changes)
+	}
+	check("after a second Ensure")
+	e.cfg.Guard.IPIPPeersOnly = false
+	if info := e.ensure(t); len(info.Changes) == 0 {
+		t.Error("Ensure with another guard changed nothing")
+	}
+	check("after a rebuild")
+	if c, err := DropCounts(e.ns.Path()); err != nil || len(c) != len(DropReasons) {
+		t.Fatalf("DropCounts: %v %v", c, err)
+	}
+	// Without a guard the bridge table goes.
+	e.cfg.Guard = Guard{}
+	e.ensure(t)
+	if _, _, err := SetPodSources(e.ns.Path(), pods, nil); !errors.Is(err, ErrNoGuard) {
+		t.Errorf("SetPodSources without a guard: %v, want ErrNoGuard", err)
+	}
+	e.guarded()
+	e.ensure(t)
+	if err := Teardown(e.ns.Path(), e.name, e.log); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := SetPodSources(e.ns.Path(), pods, nil); !errors.Is(err, ErrNoGuard) {
+		t.Errorf("SetPodSources after Teardown: %v, want ErrNoGuard", err)
+	}
+}
+
+func (e *env) podSources(t *testing.T) []PodSource {
+	t.Helper()
+	n, err := openNS(e.ns.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.close()
+	c, err := n.nft()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, els, err := setElements(c, bridgeTable(), podsSet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []PodSource
+	for _, el := range els {
+		p, ok := podFromKey(el.Key)
+		if !ok {
+			t.Fatalf("element % x", el.Key)
+		}
+		out = append(out, p)
+	}
+	slices.SortFunc(out, comparePodSources)
+	return out
+}
+
+func (e *env) peerAddrs(t *testing.T) []netip.Addr {
+	t.Helper()
+	n, err := openNS(e.ns.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.close()
+	c, err := n.nft()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, els, err := setElements(c, weftTable(), peersSet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []netip.Addr
+	for _, el := range els {
+		a, _ := netip.AddrFromSlice(el.Key)
+		out = append(out, a)
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
+}
+
+// pod is a pod namespace on the test bridge: eth0 with addr, the host end
+// veth on the bridge.
+type pod struct {
+	ns   ns.NetNS
+	veth string
+	addr netip.Addr
+}
+
+func (e *env) addPod(t *testing.T, veth string, addr netip.Addr) *pod {
+	t.Helper()
+	p := &pod{veth: veth, addr: addr}
+	n, err := testutils.NewNS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = n.Close()
+		_ = testutils.UnmountNS(n)
+	})
+	p.ns = n
+	host, peer := e.veth(t, veth, nil)
+	br := e.link(t, e.name)
+	if err := e.h.LinkSetMaster(host, br); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.h.LinkSetUp(host); err != nil {
+		t.Fatal(err)
+	}
+	pl := e.link(t, peer)
+	if err := e.h.LinkSetNsFd(pl, int(n.Fd())); err != nil {
+		t.Fatal(err)
+	}
+	err = n.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName(peer)
+		if err != nil {
+			return err
+		}
+		if err := netlink.AddrAdd(l, toAddr(netip.PrefixFrom(addr, e.cfg.PodRange.Bits()))); err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(l); err != nil {
+			return err
+		}
+		return netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: e.cfg.Gateway.Addr().AsSlice()})
+	})
+	if err != nil {
+		t.Fatalf("setting up pod %s: %v", addr, err)
+	}
+	return p
+}
+
+// listen opens a UDP socket in ns on port (0.0.0.0) and returns a channel
+// of the sources of what it receives.
+func listen(t *testing.T, n ns.NetNS, port int) <-chan string {
+	t.Helper()
+	var pc net.PacketConn
+	err := n.Do(func(ns.NetNS) error {
+		var err error
+		pc, err = net.ListenPacket("udp4", fmt.Sprintf("0.0.0.0:%d", port))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	ch := make(chan string, 64)
+	go func() {
+		defer close(ch)
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			ch <- from.String() + " " + string(buf[:n])
+		}
+	}()
+	return ch
+}
+
+// sendRaw sends one IPv4 packet of protocol proto with the given source
+// (any: the attacker chooses it) from inside n, through a raw socket.
+func sendRaw(n ns.NetNS, src, dst netip.Addr, proto byte, payload []byte) error {
+	pkt := make([]byte, 20+len(payload))
+	pkt[0], pkt[8], pkt[9] = 0x45, 64, proto
+	binary.BigEndian.PutUint16(pkt[2:4], uint16(len(pkt)))
+	s4, d4 := src.As4(), dst.As4()
+	copy(pkt[12:16], s4[:])
+	copy(pkt[16:20], d4[:])
+	copy(pkt[20:], payload)
+	return n.Do(func(ns.NetNS) error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_RAW)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		return unix.Sendto(fd, pkt, 0, &unix.SockaddrInet4{Addr: d4})
+	})
+}
+
+// udpPayload is a UDP header (no checksum) to dport and data.
+func udpPayload(sport, dport int, data string) []byte {
+	b := make([]byte, 8+len(data))
+	binary.BigEndian.PutUint16(b[0:2], uint16(sport))
+	binary.BigEndian.PutUint16(b[2:4], uint16(dport))
+	binary.BigEndian.PutUint16(b[4:6], uint16(len(b)))
+	copy(b[8:], data)
+	return b
+}
+
+// expect waits for a datagram on ch: it must be want (from its source).
+func expect(t *testing.T, ch <-chan string, want string) {
+	t.Helper()
+	select {
+	case got := <-ch:
+		if got != want {
+			t.Fatalf("received %q before %q: it should have been dropped", got, want)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no %q within 10s", want)
+	}
+}
+
+func (e *env) waitCount(t *testing.T, reason string, want uint64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := DropCounts(e.ns.Path())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c[reason] >= want {
+			// Packets from one sender are counted in order: once the last
+			// is, every earlier one that was dropped is too.
+			if c[reason] != want {
+				t.Fatalf("drops %s = %d, want %d (all: %v)", reason, c[reason], want, c)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("drops %s = %d, want %d (all: %v)", reason, c[reason], want, c)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestGuardDropsForgedPodTraffic is the attacker's side, on the real
+// kernel: a pod sends packets with a forged source to another pod, and
+// UDP and IPIP to the node's router ports. None arrive; each is counted;
+// the same pod's genuine packets after them do arrive (so the forged ones,
+// sent first on the same path, would have arrived before them).
+func TestGuardDropsForgedPodTraffic(t *testing.T) {
+	e := newEnv(t)
+	e.guarded()
+	e.ensure(t)
+	a := e.addPod(t, "weftaaaaaaaaaaa", netip.MustParseAddr("10.32.0.5"))
+	b := e.addPod(t, "weftbbbbbbbbbbb", netip.MustParseAddr("10.32.0.6"))
+	if _, _, err := SetPodSources(e.ns.Path(), []PodSource{{a.veth, a.addr}, {b.veth, b.addr}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := SetPeerAddrs(e.ns.Path(), []netip.Addr{netip.MustParseAddr("192.0.2.2")}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Pod to pod, on the bridge: spoofed sources are dropped.
+	atB := listen(t, b.ns, 9000)
+	for i, src := range []string{"10.32.0.99", "10.32.0.6", "192.0.2.2", "10.32.0.1"} {
+		if err := sendRaw(a.ns, netip.MustParseAddr(src), b.addr, unix.IPPROTO_UDP, udpPayload(1000, 9000, "forged")); err != nil {
+			t.Fatal(err)
+		}
+		e.waitCount(t, DropSpoofedSource, uint64(i+1))
+	}
+	if err := sendRaw(a.ns, a.addr, b.addr, unix.IPPROTO_UDP, udpPayload(1000, 9000, "genuine")); err != nil {
+		t.Fatal(err)
+	}
+	expect(t, atB, "10.32.0.5:1000 genuine")
+
+	// Pod to the node's router ports, with its own source: dropped; to
+	// another port: delivered.
+	nodeNS, err := ns.GetNS(e.ns.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nodeNS.Close()
+	gw := e.cfg.Gateway.Addr()
+	atGossip, atData, atOther := listen(t, nodeNS, 6783), listen(t, nodeNS, 6784), listen(t, nodeNS, 9001)
+	for i, port := range []int{6783, 6784} {
+		if err := sendRaw(a.ns, a.addr, gw, unix.IPPROTO_UDP, udpPayload(1000, port, "to router")); err != nil {
+			t.Fatal(err)
+		}
+		e.waitCount(t, DropPodToRouter, uint64(i+1))
+	}
+	if err := sendRaw(a.ns, a.addr, gw, unix.IPPROTO_IPIP, make([]byte, 40)); err != nil {
+		t.Fatal(err)
+	}
+	e.waitCount(t, DropPodToRouter, 3)
+	if err := sendRaw(a.ns, a.addr, gw, unix.IPPROTO_UDP, udpPayload(1000, 9001, "other port")); err != nil {
+		t.Fatal(err)
+	}
+	expect(t, atOther, "10.32.0.5:1000 other port")
+	select {
+	case got := <-atGossip:
+		t.Errorf("the gossip port received %q", got)
+	case got := <-atData:
+		t.Errorf("the data port received %q", got)
+	default:
+	}
+	if c, _ := DropCounts(e.ns.Path()); c[DropIPIPNonPeer] != 0 {
+		t.Errorf("counted %d as ipip-non-peer: the pod's IPIP is a pod-to-router drop", c[DropIPIPNonPeer])
+	}
+}
+
+// sendARP sends an ARP reply from inside the pod, on its interface, with
+// the given sender address (gratuitous: to everyone, about spa).
+func (p *pod) sendARP(t *testing.T, spa netip.Addr) {
+	t.Helper()
+	err := p.ns.Do(func(ns.NetNS) error {
+		links, err := netlink.LinkList()
+		if err != nil {
+			return err
+		}
+		var l netlink.Link
+		for _, x := range links {
+			if x.Type() == "veth" {
+				l = x
+			}
+		}
+		if l == nil {
+			return errors.New("no veth in the pod")
+		}
+		mac := l.Attrs().HardwareAddr
+		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(htons(unix.ETH_P_ARP)))
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		f := make([]byte, 0, 42)
+		f = append(f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff)
+		f = append(f, mac...)
+		f = binary.BigEndian.AppendUint16(f, etherARP)
+		f = append(f, 0, 1, 0x08, 0, 6, 4, 0, 2) // Ethernet, IPv4, reply
+		f = append(f, mac...)
+		a := spa.As4()
+		f = append(f, a[:]...)
+		f = append(f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff)
+		f = append(f, a[:]...)
+		sa := &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ARP), Ifindex: l.Attrs().Index, Halen: 6}
+		copy(sa.Addr[:], []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
+		return unix.Sendto(fd, f, 0, sa)
+	})
+	if err != nil {
+		t.Fatalf("sending ARP from %s: %v", p.addr, err)
+	}
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// TestGuardDropsSpoofedARP: a pod cannot claim another pod's address (or
+// the gateway's) in ARP; its own, and a probe from 0.0.0.0, pass.
+func TestGuardDropsSpoofedARP(t *testing.T) {
+	e := newEnv(t)
+	e.guarded()
+	e.ensure(t)
+	a := e.addPod(t, "weftaaaaaaaaaaa", netip.MustParseAddr("10.32.0.5"))
+	b := e.addPod(t, "weftbbbbbbbbbbb", netip.MustParseAddr("10.32.0.6"))
+	if _, _, err := SetPodSources(e.ns.Path(), []PodSource{{a.veth, a.addr}, {b.veth, b.addr}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	// Genuine first: had they been dropped, they would be counted by the
+	// time the spoofed ones are.
+	a.sendARP(t, a.addr)
+	a.sendARP(t, netip.IPv4Unspecified())
+	a.sendARP(t, b.addr)
+	a.sendARP(t, e.cfg.Gateway.Addr())
+	e.waitCount(t, DropSpoofedARP, 2)
+}
