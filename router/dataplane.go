@@ -56,7 +56,7 @@ func (r *Router) openTunnel() error {
 		return fmt.Errorf("data plane: %w", err)
 	}
 	r.tunnel = d
-	if err := r.metrics.reg.Register(newGuardCollector()); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
+	if err := r.metrics.reg.Register(newGuardCollector(r.kernel)); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 		return fmt.Errorf("registering the guard's metrics: %w", err)
 	}
 	return nil
@@ -318,7 +318,7 @@ func (r *Router) syncGuardPeers(peers []tunnel.Peer, force bool) {
 	if !force && slices.Equal(addrs, g.lastPeers) && time.Since(g.peersAt) < dataplaneResync {
 		return
 	}
-	added, removed, err := bridge.SetPeerAddrs("", addrs)
+	added, removed, err := r.kernel.SetGuardPeers(addrs)
 	switch {
 	case errors.Is(err, bridge.ErrNoGuard):
 		return // the bridge is not ensured yet; syncGuard follows it
@@ -360,7 +360,7 @@ func (r *Router) syncPodSources() error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	want, reclaimed := podSources(r.ipam.Snapshot().Allocations)
-	added, removed, err := bridge.SetPodSources("", want, func(p bridge.PodSource) bool { return reclaimed[p.Addr] })
+	added, removed, err := r.kernel.SetPodSources(want, func(p bridge.PodSource) bool { return reclaimed[p.Addr] })
 	switch {
 	case errors.Is(err, bridge.ErrNoGuard):
 		return nil
@@ -380,11 +380,12 @@ func (r *Router) syncPodSources() error {
 // weft_guard_dropped_packets_total{reason}, read from the kernel's rule
 // counters at each scrape.
 type guardCollector struct {
-	desc *prometheus.Desc
+	kernel Kernel
+	desc   *prometheus.Desc
 }
 
-func newGuardCollector() *guardCollector {
-	return &guardCollector{desc: prometheus.NewDesc("weft_guard_dropped_packets_total",
+func newGuardCollector(k Kernel) *guardCollector {
+	return &guardCollector{kernel: k, desc: prometheus.NewDesc("weft_guard_dropped_packets_total",
 		"Packets the node's nftables guard dropped, by reason (pod-to-router: a pod to a router's gossip or data port, or IPIP from a pod; ipip-non-peer: IPIP from an address that is no peer; pod-spoofed-source, pod-spoofed-arp: a pod sending with an address not its own; pod-protocol: a pod's frame that is neither IPv4 nor ARP). Counts restart when weft rewrites its tables.",
 		[]string{"reason"}, nil)}
 }
@@ -392,7 +393,7 @@ func newGuardCollector() *guardCollector {
 func (c *guardCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 
 func (c *guardCollector) Collect(ch chan<- prometheus.Metric) {
-	counts, err := bridge.DropCounts("")
+	counts, err := c.kernel.GuardDrops()
 	if err != nil {
 		return // no sample rather than a failed scrape of every metric
 	}

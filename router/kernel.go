@@ -25,6 +25,16 @@ type Kernel interface {
 	Teardown(bridgeName string, log *slog.Logger) error
 	// NewTunnel opens the data plane.
 	NewTunnel(cfg tunnel.Config) (*tunnel.Device, error)
+
+	// SetGuardPeers makes the guard's set of peers' underlay addresses
+	// (IPIP is accepted from them only) exactly addrs; bridge.ErrNoGuard
+	// before EnsureBridge made the guard.
+	SetGuardPeers(addrs []netip.Addr) (added, removed int, err error)
+	// SetPodSources makes the guard's set of (host veth, pod address)
+	// pairs want, keeping entries that keep says to (bridge.SetPodSources).
+	SetPodSources(want []bridge.PodSource, keep func(bridge.PodSource) bool) (added, removed []bridge.PodSource, err error)
+	// GuardDrops reads the guard's drop counters by reason.
+	GuardDrops() (map[string]uint64, error)
 }
 
 // HostKernel is the Kernel of the namespace the router runs in.
@@ -47,3 +57,13 @@ func (HostKernel) Teardown(name string, log *slog.Logger) error {
 }
 
 func (HostKernel) NewTunnel(cfg tunnel.Config) (*tunnel.Device, error) { return tunnel.New(cfg) }
+
+func (HostKernel) SetGuardPeers(addrs []netip.Addr) (int, int, error) {
+	return bridge.SetPeerAddrs("", addrs)
+}
+
+func (HostKernel) SetPodSources(want []bridge.PodSource, keep func(bridge.PodSource) bool) ([]bridge.PodSource, []bridge.PodSource, error) {
+	return bridge.SetPodSources("", want, keep)
+}
+
+func (HostKernel) GuardDrops() (map[string]uint64, error) { return bridge.DropCounts("") }
