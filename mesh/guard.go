@@ -182,6 +182,27 @@ func newGuard(inner memberlist.NodeAwareTransport, key []byte, lim PreAuthLimits
 	return g, nil
 }
 
+// DialTimeout and DialAddressTimeout bound what memberlist reads from a
+// stream this peer opened (the answer to a push-pull or a ping) to what
+// an incoming stream may carry, so that whoever answers at a peer's
+// address cannot make it buffer 20 MB either.
+func (g *guard) DialTimeout(addr string, timeout time.Duration) (net.Conn, error) {
+	c, err := g.NodeAwareTransport.DialTimeout(addr, timeout)
+	return g.limitDialed(c, err)
+}
+
+func (g *guard) DialAddressTimeout(a memberlist.Address, timeout time.Duration) (net.Conn, error) {
+	c, err := g.NodeAwareTransport.DialAddressTimeout(a, timeout)
+	return g.limitDialed(c, err)
+}
+
+func (g *guard) limitDialed(c net.Conn, err error) (net.Conn, error) {
+	if err != nil {
+		return nil, err
+	}
+	return &limitConn{Conn: c, left: int64(g.lim.MaxStreamSize) + 64<<10}, nil
+}
+
 func (g *guard) PacketCh() <-chan *memberlist.Packet { return g.packetCh }
 func (g *guard) StreamCh() <-chan net.Conn           { return g.streamCh }
 

@@ -12,7 +12,7 @@ import (
 const (
 	MaxBroadcastSize = 1024     // payload of one Channel.Broadcast
 	MaxMessageSize   = 1 << 20  // payload of one Channel.SendTo
-	MaxStateSize     = 16 << 20 // all channels' LocalState together, framed
+	MaxStateSize     = 3 << 20  // all channels' LocalState together, framed: with memberlist's node states it must fit in PreAuthLimits.MaxStreamSize (a 1000-peer ring is 16 KB)
 	MaxChannelName   = 32       // bytes of a channel name
 	maxChannels      = 64       // channels in one state frame
 )
