@@ -114,11 +114,11 @@ func TestPasswordOneRule(t *testing.T) {
 		}
 	}
 	for raw, want := range map[string]string{
-		"first line long\nsecond line": "more than one line",
+		"first line long\nsecond line":   "more than one line",
 		"two line breaks at the end\n\n": "more than one line",
-		"tab\tinside-the-password":     "control character 0x09",
-		"\r\n":                         "is empty",
-		"short\n":                       "at least 12",
+		"tab\tinside-the-password":       "control character 0x09",
+		"\r\n":                           "is empty",
+		"short\n":                        "at least 12",
 	} {
 		path := dir + "/bad"
 		if err := os.WriteFile(path, []byte(raw), 0o600); err != nil {
