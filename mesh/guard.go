@@ -255,10 +255,10 @@ func (g *guard) packetOK(p *memberlist.Packet) bool {
 	b := p.Buf
 	switch {
 	case len(b) == 0:
-		g.refuse(refusedEmpty, from, errors.New("empty packet"))
+		g.refuse(refusedEmpty, from, errEmptyPacket)
 		return false
 	case b[0] == mlHasLabelMsg:
-		g.refuse(refusedLabel, from, errors.New("packet with a label header (weft uses none)"))
+		g.refuse(refusedLabel, from, errLabelPacket)
 		return false
 	case g.aead == nil:
 		return true
@@ -285,10 +285,18 @@ func (g *guard) open1(sealed, aad []byte, scratch *[]byte) error {
 		*scratch = out[:0]
 	}
 	if err != nil {
-		return errors.New("does not decrypt with this peer's key")
+		return errNotOurKey
 	}
 	return nil
 }
+
+// The guard's reasons for a packet, made once: a flood of them allocates
+// nothing for its errors.
+var (
+	errEmptyPacket = errors.New("empty packet")
+	errLabelPacket = errors.New("packet with a label header (weft uses none)")
+	errNotOurKey   = errors.New("does not decrypt with this peer's key")
+)
 
 // routineStreams takes every incoming stream and checks it in its own
 // goroutine, within the limits.
