@@ -281,8 +281,8 @@ func (g *guard) open1(sealed, aad []byte, scratch *[]byte) error {
 		return fmt.Errorf("%d bytes: too short to be encrypted", len(sealed))
 	}
 	out, err := g.aead.Open((*scratch)[:0], sealed[1:1+mlNonceSize], sealed[1+mlNonceSize:], aad)
-	if cap(out) <= 64<<10 {
-		*scratch = out[:0]
+	if cap(out) > cap(*scratch) && cap(out) <= 64<<10 {
+		*scratch = out[:0] // grown (a packet over 64 KiB cannot come)
 	}
 	if err != nil {
 		return errNotOurKey
