@@ -20,8 +20,10 @@ import (
 //
 // Data passed in belongs to the Gossiper (it is a copy). A message's from
 // is the peer that sent it: for a broadcast, the originator or a peer
-// relaying what was new to it. Until the security issue adds encryption it
-// is not authenticated: whoever reaches the gossip port can claim any name.
+// relaying what was new to it. With a password only a peer that has it gets
+// a message through (see Config.SecretKey), but from is what that peer
+// says: any member can claim any name. Without a password, anyone who
+// reaches the gossip port can.
 type Gossiper interface {
 	// OnBroadcast merges a delta a peer broadcast and returns the part
 	// that was new here, or nil when nothing was. The mesh re-broadcasts

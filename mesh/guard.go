@@ -182,6 +182,27 @@ func newGuard(inner memberlist.NodeAwareTransport, key []byte, lim PreAuthLimits
 	return g, nil
 }
 
+// DialTimeout and DialAddressTimeout bound what memberlist reads from a
+// stream this peer opened (the answer to a push-pull or a ping) to what
+// an incoming stream may carry, so that whoever answers at a peer's
+// address cannot make it buffer 20 MB either.
+func (g *guard) DialTimeout(addr string, timeout time.Duration) (net.Conn, error) {
+	c, err := g.NodeAwareTransport.DialTimeout(addr, timeout)
+	return g.limitDialed(c, err)
+}
+
+func (g *guard) DialAddressTimeout(a memberlist.Address, timeout time.Duration) (net.Conn, error) {
+	c, err := g.NodeAwareTransport.DialAddressTimeout(a, timeout)
+	return g.limitDialed(c, err)
+}
+
+func (g *guard) limitDialed(c net.Conn, err error) (net.Conn, error) {
+	if err != nil {
+		return nil, err
+	}
+	return &limitConn{Conn: c, left: int64(g.lim.MaxStreamSize) + 64<<10}, nil
+}
+
 func (g *guard) PacketCh() <-chan *memberlist.Packet { return g.packetCh }
 func (g *guard) StreamCh() <-chan net.Conn           { return g.streamCh }
 
@@ -234,10 +255,10 @@ func (g *guard) packetOK(p *memberlist.Packet) bool {
 	b := p.Buf
 	switch {
 	case len(b) == 0:
-		g.refuse(refusedEmpty, from, errors.New("empty packet"))
+		g.refuse(refusedEmpty, from, errEmptyPacket)
 		return false
 	case b[0] == mlHasLabelMsg:
-		g.refuse(refusedLabel, from, errors.New("packet with a label header (weft uses none)"))
+		g.refuse(refusedLabel, from, errLabelPacket)
 		return false
 	case g.aead == nil:
 		return true
@@ -260,14 +281,22 @@ func (g *guard) open1(sealed, aad []byte, scratch *[]byte) error {
 		return fmt.Errorf("%d bytes: too short to be encrypted", len(sealed))
 	}
 	out, err := g.aead.Open((*scratch)[:0], sealed[1:1+mlNonceSize], sealed[1+mlNonceSize:], aad)
-	if cap(out) <= 64<<10 {
-		*scratch = out[:0]
+	if cap(out) > cap(*scratch) && cap(out) <= 64<<10 {
+		*scratch = out[:0] // grown (a packet over 64 KiB cannot come)
 	}
 	if err != nil {
-		return errors.New("does not decrypt with this peer's key")
+		return errNotOurKey
 	}
 	return nil
 }
+
+// The guard's reasons for a packet, made once: a flood of them allocates
+// nothing for its errors.
+var (
+	errEmptyPacket = errors.New("empty packet")
+	errLabelPacket = errors.New("packet with a label header (weft uses none)")
+	errNotOurKey   = errors.New("does not decrypt with this peer's key")
+)
 
 // routineStreams takes every incoming stream and checks it in its own
 // goroutine, within the limits.

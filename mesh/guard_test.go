@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/memberlist"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -391,5 +392,67 @@ func TestGuardPlaintextLimit(t *testing.T) {
 	waitFor(t, converge, "the label refusal to be counted", func() bool { return refusedCount(m, refusedLabel) == 1 })
 	if lb.contains("unacceptable label") {
 		t.Errorf("memberlist saw the label stream:\n%s", lb.String())
+	}
+}
+
+// TestLimitsFit: the largest push-pull a peer sends (memberlist's node
+// states for 1000 peers with full metadata, plus MaxStateSize) fits in what
+// another peer accepts, and the budget holds at least one such stream.
+func TestLimitsFit(t *testing.T) {
+	lim := DefaultPreAuthLimits()
+	const nodeStates = 1000 * (MaxNameLen + memberlist.MetaMaxSize + 64)
+	if need := MaxStateSize + nodeStates + 64; need > lim.MaxStreamSize {
+		t.Errorf("a push-pull may be %d bytes, more than the %d a stream may carry", need, lim.MaxStreamSize)
+	}
+	if lim.Budget < lim.MaxStreamSize {
+		t.Errorf("budget %d below the stream size %d", lim.Budget, lim.MaxStreamSize)
+	}
+}
+
+// TestGuardDialedLimit: whoever answers a stream this peer opened can make
+// memberlist read at most MaxStreamSize (and a little) of it.
+func TestGuardDialedLimit(t *testing.T) {
+	g := &guard{lim: PreAuthLimits{MaxStreamSize: 1 << 20}}
+	a, z := net.Pipe()
+	defer z.Close()
+	go func() {
+		junk := make([]byte, 64<<10)
+		for range 160 { // 10 MiB
+			if _, err := z.Write(junk); err != nil {
+				return
+			}
+		}
+	}()
+	c, err := g.limitDialed(a, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	n, err := io.Copy(io.Discard, c)
+	if err == nil || n > 1<<20+64<<10 {
+		t.Errorf("read %d bytes of a 10 MiB answer (%v), want at most %d and an error", n, err, 1<<20+64<<10)
+	}
+}
+
+// BenchmarkGuardForgedPacket: what a forged 1200-byte packet from a
+// spoofed source costs the router before it is refused (one AES-GCM open,
+// the count, the bounded auth-failure bookkeeping).
+func BenchmarkGuardForgedPacket(b *testing.B) {
+	log := slog.New(slog.DiscardHandler)
+	m, err := New(Config{Name: "a", BindAddr: "127.0.0.1", Logger: log, SecretKey: keyOne})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	g := m.transport.(*guard)
+	pkt := sealPacket(b, keyTwo, make([]byte, 1200-mlMinSealed), nil)
+	from := &net.UDPAddr{IP: net.IPv4(172, 16, 0, 1), Port: 6783}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		from.IP[15] = byte(i)
+		if g.packetOK(&memberlist.Packet{Buf: pkt, From: from}) {
+			b.Fatal("a forged packet passed")
+		}
 	}
 }

@@ -462,14 +462,26 @@ func (r *rateLimiter) size() int {
 	return len(r.last)
 }
 
+// preAuthKeys are the rate limiter's keys of the refusal reasons, apart
+// from the drop reasons (both have a "truncated").
+var preAuthKeys = func() map[string]string {
+	k := map[string]string{}
+	for _, r := range refusedReasons {
+		k[r] = "preauth/" + r
+	}
+	return k
+}()
+
 // refused is the guard's report of a packet or stream it did not hand to
 // memberlist: counted by reason, at debug each time, and at most once a
 // minute per reason at info with the count. The error text is the
 // guard's own; from is only an address.
 func (m *Mesh) refused(reason string, from netip.Addr, err error) {
-	m.metrics.preAuthRefused.WithLabelValues(reason).Inc()
-	m.log.Debug("refused unauthenticated gossip", "reason", reason, "from", from, "err", err)
-	if n, ok := m.drops.allow("preauth/"+reason, m.now()); ok {
+	m.metrics.refusedCounter(reason).Inc()
+	if m.log.Enabled(context.Background(), slog.LevelDebug) {
+		m.log.Debug("refused unauthenticated gossip", "reason", reason, "from", from, "err", err)
+	}
+	if n, ok := m.drops.allow(preAuthKeys[reason], m.now()); ok {
 		m.log.Info("refused unauthenticated gossip (packets or streams that are not from a peer with the password, or over the limits)",
 			"reason", reason, "count", n, "last-from", from, "last-error", err)
 	}

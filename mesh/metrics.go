@@ -19,6 +19,15 @@ type metrics struct {
 
 	authFailures   prometheus.Counter
 	preAuthRefused *prometheus.CounterVec // reason
+	refusedBy      map[string]prometheus.Counter
+}
+
+// refusedCounter is preAuthRefused's counter of a reason, looked up once.
+func (m *metrics) refusedCounter(reason string) prometheus.Counter {
+	if c, ok := m.refusedBy[reason]; ok {
+		return c
+	}
+	return m.preAuthRefused.WithLabelValues(reason)
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -59,8 +68,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Gossip packets and streams refused before memberlist saw them, by reason (label, empty, plaintext, auth, too-large, busy, truncated, over-limit).",
 		}, []string{"reason"}),
 	}
+	m.refusedBy = map[string]prometheus.Counter{}
 	for _, r := range refusedReasons {
-		m.preAuthRefused.WithLabelValues(r)
+		m.refusedBy[r] = m.preAuthRefused.WithLabelValues(r)
 	}
 	for _, s := range []PeerState{StateAlive, StateSuspect, StateUnreachable, StateLeft} {
 		m.peers.WithLabelValues(s.String())

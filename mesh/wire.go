@@ -10,11 +10,11 @@ import (
 // (memberlist packs up to 1400 bytes), so its payload is kept well below;
 // a unicast and the push-pull state go over TCP.
 const (
-	MaxBroadcastSize = 1024     // payload of one Channel.Broadcast
-	MaxMessageSize   = 1 << 20  // payload of one Channel.SendTo
-	MaxStateSize     = 16 << 20 // all channels' LocalState together, framed
-	MaxChannelName   = 32       // bytes of a channel name
-	maxChannels      = 64       // channels in one state frame
+	MaxBroadcastSize = 1024    // payload of one Channel.Broadcast
+	MaxMessageSize   = 1 << 20 // payload of one Channel.SendTo
+	MaxStateSize     = 3 << 20 // all channels' LocalState together, framed: with memberlist's node states it must fit in PreAuthLimits.MaxStreamSize (a 1000-peer ring is 16 KB)
+	MaxChannelName   = 32      // bytes of a channel name
+	maxChannels      = 64      // channels in one state frame
 )
 
 // wireVersion is the version of the framing below. A peer drops frames

@@ -41,13 +41,14 @@ type Config struct {
 
 	// Security. The password itself is never a flag (it would show in the
 	// process list): it comes from --password-file or WEFT_PASSWORD.
-	PasswordFile string // --password-file
-	Password     string `json:"-"` // WEFT_PASSWORD (cmd/weft reads it); never printed
+	PasswordFile   string // --password-file
+	Password       string `json:"-"` // WEFT_PASSWORD (cmd/weft reads it); never printed
+	TrustedSubnets string // --trusted-subnets: comma list of CIDRs
+
 	// RequirePassword refuses to start without a password, so that a
 	// missing or misnamed Secret fails closed instead of starting an open
 	// mesh (--require-password, WEFT_REQUIRE_PASSWORD).
 	RequirePassword bool
-	TrustedSubnets  string // --trusted-subnets: comma list of CIDRs
 
 	// Kubernetes.
 	Kube            bool   // --kube: discover peers from the Node list, reclaim deleted nodes
