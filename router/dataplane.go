@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
-	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
@@ -71,7 +70,6 @@ func (r *Router) deriveKeys() error {
 	}
 	start := time.Now()
 	keys, err := crypt.DeriveKeys(r.cfg.Password)
-	debug.FreeOSMemory() // the KDF's 64 MiB are garbage now: give them back, or they stay in the RSS for good
 	if err != nil {
 		return fmt.Errorf("deriving keys from the password: %w", err)
 	}
