@@ -76,6 +76,7 @@ bench: deps build
 	$(GO) run ./mesh/cmd/meshbench -n 10,50,100 -loss 0,0.1 -runs 5 -idle 30s
 	$(GO) run ./tunnel/cmd/tunnelbench
 	$(GO) run ./e2e/cmd/podbench
+	$(GO) run ./e2e/cmd/membench -nodes 3 -idle 30s -cycles 10000
 	$(GO) test -run '^$$' -bench . -benchmem ./ipalloc/
 	$(GO) test -run '^$$' -bench LocalAPIAllocate -benchtime 2000x ./router/
 

@@ -49,13 +49,22 @@ func (p *Peer) PeerGone(x PeerName) error {
 			return nil
 		}
 		if _, byGone := p.removed[by]; !byGone {
-			return fmt.Errorf("rmpeer %s: %s is taking over its ranges already (if %s is gone too, rmpeer it first)", x, by, by)
+			return &ReclaimingError{Peer: x, By: by}
 		}
 		// Its reclaimer was removed too: this peer takes the job over.
 	}
 	p.event(false, "ipalloc: rmpeer of %s: waiting for %d live peers to stop listening to it before taking over its ranges", x, len(p.livePeers()))
 	p.startRemoval(x)
 	return nil
+}
+
+// ReclaimingError is an error of PeerGone: another live peer is taking
+// over Peer's ranges already (it finishes the job; it is not this peer's
+// to do).
+type ReclaimingError struct{ Peer, By PeerName }
+
+func (e *ReclaimingError) Error() string {
+	return fmt.Sprintf("rmpeer %s: %s is taking over its ranges already (if %s is gone too, rmpeer it first)", e.Peer, e.By, e.By)
 }
 
 // startRemoval records x as removed by this peer and starts the barrier.

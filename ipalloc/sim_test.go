@@ -649,7 +649,7 @@ func (s *sim) rmpeer(x *simPeer) {
 	s.tracef("%s: rmpeer %s", by.name, x.name)
 	if err := by.p.PeerGone(x.name); err != nil {
 		// Another (dead) peer is on it: the operator removes that one first.
-		if !strings.Contains(err.Error(), "is taking over its ranges already") {
+		if _, ok := errors.AsType[*ReclaimingError](err); !ok {
 			s.fail("rmpeer %s on %s: %v", x.name, by.name, err)
 		}
 		s.tracef("%s: %v", by.name, err)

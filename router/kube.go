@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"slices"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -140,7 +139,7 @@ func (r *Router) kubeReclaim(_ context.Context, peer string) error {
 		return fmt.Errorf("peer %s is alive: its ranges stay with it", peer)
 	}
 	err := r.ipam.PeerGone(name)
-	if err != nil && strings.Contains(err.Error(), "is taking over its ranges already") {
+	if _, ok := errors.AsType[*ipalloc.ReclaimingError](err); ok {
 		return nil // another peer's reclaim in the allocator: it finishes it
 	}
 	if err == nil {
