@@ -172,6 +172,10 @@ func TestChaosSchedule(t *testing.T) {
 					continue
 				case opAdd:
 					live[s.Pod] = true
+				case opBurst:
+					for _, p := range s.Pods {
+						live[p] = true
+					}
 				case opDel, opLose:
 					if !live[s.Pod] {
 						t.Fatalf("seed %d step %d: %s of a pod never added", seed, i, s)
@@ -207,7 +211,7 @@ func TestChaosSchedule(t *testing.T) {
 				t.Fatalf("seed %d: %d steps, last %s", seed, steps, ops[len(ops)-1])
 			}
 		}
-		want := []opKind{opAdd, opDel, opLose, opGC, opKill, opRestart, opWipe, opIsolate, opPartition, opOneWay, opHeal}
+		want := []opKind{opAdd, opBurst, opDel, opLose, opGC, opKill, opRestart, opWipe, opIsolate, opPartition, opOneWay, opHeal}
 		if kube {
 			want = append(want, opNodeDel, opNodeAdd, opNodeFlap)
 		} else {

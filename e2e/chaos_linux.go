@@ -7,11 +7,13 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // chaosTable is the nftables table DropFrom keeps in a node's namespace.
@@ -100,7 +102,9 @@ func (n *Node) WipeMachine(ctx context.Context) error {
 			if name := l.Attrs().Name; name == "lo" || name == nodeIfName {
 				continue
 			}
-			if err := h.LinkDel(l); err != nil {
+			// The host ends of veths whose pods were deleted go on their
+			// own, maybe meanwhile.
+			if err := h.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
 				return fmt.Errorf("deleting link %s: %w", l.Attrs().Name, err)
 			}
 		}

@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weft-net/weft/api"
 	"github.com/weft-net/weft/e2e"
 )
 
@@ -34,7 +35,7 @@ var (
 
 const (
 	chaosNodes    = 5
-	chaosUniverse = "10.32.0.0/25" // 128 addresses: about 25 a node, so space moves by donation
+	chaosUniverse = "10.32.0.0/26" // 64 addresses: about 12 a node, so space moves by donation
 	// Bounds of waits on conditions; a slow machine meets them, a broken
 	// cluster does not.
 	chaosOpWait    = 45 * time.Second // one CNI call (the plugin gives up on the router after 30s)
@@ -236,6 +237,8 @@ func (cc *chaosCluster) step(i int, s op) {
 			t.Logf("step %d: %s cannot ping its gateway: %v", i, p, firstLine(err))
 		}
 		pcancel()
+	case opBurst:
+		cc.burst(i, octx, n, s.Pods)
 	case opDel, opLose:
 		p := cc.pods[s.Pod]
 		if p == nil {
@@ -326,6 +329,56 @@ func (cc *chaosCluster) step(i int, s op) {
 		}
 	default:
 		t.Fatalf("step %d: unknown kind %q", i, s.Kind)
+	}
+}
+
+// burst runs CNI ADDs of names on n at once with a GC on n's local API
+// (what weft-cni sends for CNI GC, without libcni's own clean-up of its
+// cache) that lists only the pods n had before: a runtime's GC that raced
+// the ADDs. The router must not free what the ADDs got.
+func (cc *chaosCluster) burst(i int, ctx context.Context, n *e2e.Node, names []string) {
+	var valid []api.Attachment
+	for _, p := range cc.podsOn(n) {
+		valid = append(valid, api.Attachment{ContainerID: p.ContainerID, IfName: p.IfName})
+	}
+	if valid == nil {
+		valid = []api.Attachment{}
+	}
+	pods := make([]*e2e.Pod, len(names))
+	errs := make([]error, len(names)+1)
+	var wg sync.WaitGroup
+	for k, name := range names {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pods[k], errs[k] = n.AddPod(ctx, name)
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		var res *api.GCResponse
+		res, errs[len(names)] = api.NewClient(n.Socket).GC(ctx, valid)
+		if res != nil && len(res.Released) > 0 {
+			cc.t.Logf("step %d: the racing GC on %s released %d addresses", i, n.Name, len(res.Released))
+		}
+	}()
+	wg.Wait()
+	for k, p := range pods {
+		if errs[k] != nil {
+			cc.figures["add failed"]++
+			cc.t.Logf("step %d: %v", i, firstLine(errs[k]))
+			continue
+		}
+		cc.figures["add ok"]++
+		cc.pods[names[k]] = p
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_ = e2e.Ping(pctx, p.NS, p.Gateway)
+		cancel()
+	}
+	if err := errs[len(names)]; err != nil {
+		cc.figures["gc failed"]++
+		cc.t.Logf("step %d: racing GC: %v", i, firstLine(err))
 	}
 }
 
@@ -736,4 +789,13 @@ func panicLine(path string) string {
 		}
 	}
 	return ""
+}
+
+// readFile is the file's content, or "" when it cannot be read.
+func readFile(path string) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	return string(data)
 }

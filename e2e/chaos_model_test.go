@@ -21,6 +21,7 @@ const (
 	opDel       opKind = "del"       // CNI DEL of Pod, its namespace removed
 	opLose      opKind = "lose"      // Pod's namespace removed without DEL (a runtime that lost it)
 	opGC        opKind = "gc"        // CNI GC on Node with the pods it still has
+	opBurst     opKind = "burst"     // ADDs of Pods on Node at once, racing a GC that lists only the pods from before
 	opKill      opKind = "kill"      // kill -9 of Node's router
 	opRestart   opKind = "restart"   // start Node's killed router again, same state
 	opWipe      opKind = "wipe"      // kill -9, state directory wiped, started again (same name, pods kept)
@@ -48,6 +49,7 @@ type op struct {
 	Node  int
 	Other int
 	Pod   string // opAdd: the new pod's name; opDel, opLose: the pod
+	Pods  []string // opBurst: the new pods
 	Group []int  // opPartition: one side
 }
 
@@ -63,6 +65,8 @@ func (o op) String() string {
 		return fmt.Sprintf("partition %v | rest", o.Group)
 	case opRemove:
 		return fmt.Sprintf("remove n%d (rmpeer on n%d)", o.Node, o.Other)
+	case opBurst:
+		return fmt.Sprintf("burst %s on n%d racing gc", strings.Join(o.Pods, ","), o.Node)
 	case opHeal, opCheck:
 		return string(o.Kind)
 	}
@@ -134,6 +138,14 @@ func schedule(seed int64, o scheduleOpts) []op {
 		}
 	}
 	up := func(i int) bool { return state[i] == nodeUp }
+	// Half the pods go to the first two nodes, so that they run out of
+	// their share and space moves by donation.
+	pickPodNode := func() (int, bool) {
+		if rng.Intn(2) == 0 {
+			return pick(func(i int) bool { return i < 2 && state[i] != nodeGone })
+		}
+		return pick(func(i int) bool { return state[i] != nodeGone })
+	}
 	notGone := func(i int) bool { return state[i] != nodeGone }
 	// Weights of the kinds; one that does not fit the model is redrawn.
 	type weighted struct {
@@ -141,7 +153,7 @@ func schedule(seed int64, o scheduleOpts) []op {
 		w int
 	}
 	kinds := []weighted{
-		{opAdd, 30}, {opDel, 12}, {opLose, 4}, {opGC, 6}, {opKill, 7}, {opRestart, 9}, {opWipe, 4},
+		{opAdd, 30}, {opDel, 12}, {opLose, 4}, {opGC, 6}, {opBurst, 4}, {opKill, 7}, {opRestart, 9}, {opWipe, 4},
 		{opIsolate, 4}, {opPartition, 4}, {opOneWay, 4}, {opHeal, 5},
 	}
 	if o.Kube {
@@ -168,12 +180,21 @@ func schedule(seed int64, o scheduleOpts) []op {
 		ok := true
 		switch k {
 		case opAdd:
-			s.Node, ok = pick(notGone)
+			s.Node, ok = pickPodNode()
 			ok = ok && len(pods) < o.MaxPods
 			if ok {
 				s.Pod = fmt.Sprintf("p%d", nextPod)
 				nextPod++
 				pods[s.Pod] = s.Node
+			}
+		case opBurst:
+			s.Node, ok = pickPodNode()
+			ok = ok && len(pods)+3 <= o.MaxPods
+			for j := 0; ok && j < 3; j++ {
+				name := fmt.Sprintf("p%d", nextPod)
+				nextPod++
+				s.Pods = append(s.Pods, name)
+				pods[name] = s.Node
 			}
 		case opDel, opLose:
 			names := podNames()
