@@ -2,6 +2,7 @@ package e2e_test
 
 import (
 	"net/netip"
+	"os"
 	"reflect"
 	"slices"
 	"strings"
@@ -221,6 +222,34 @@ func TestChaosSchedule(t *testing.T) {
 			if seen[k] == 0 {
 				t.Errorf("kube=%v: no %s in 20 schedules", kube, k)
 			}
+		}
+	}
+}
+
+// TestChaosPanicLine: the panic check finds a Go panic and a fatal runtime
+// error in a router log, and nothing in a clean one or a missing one.
+func TestChaosPanicLine(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, text string) string {
+		p := dir + "/" + name
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	clean := write("clean", "time=x level=INFO msg=\"ready: pods can be attached\"\ntime=y level=WARN msg=\"a panic-free line\"\n")
+	if l := panicLine(clean); l != "" {
+		t.Errorf("clean log: %q", l)
+	}
+	if l := panicLine(dir + "/missing"); l != "" {
+		t.Errorf("missing log: %q", l)
+	}
+	for _, text := range []string{
+		"time=x level=INFO msg=ok\npanic: runtime error: index out of range [3] with length 3\n\ngoroutine 1 [running]:\n",
+		"fatal error: concurrent map writes\n",
+	} {
+		if l := panicLine(write("bad", text)); l == "" {
+			t.Errorf("no panic found in %q", text)
 		}
 	}
 }

@@ -9,7 +9,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"net"
@@ -27,7 +26,7 @@ import (
 )
 
 var (
-	chaosSeed  = flag.Int64("chaos.seed", 0, "seed of the chaos schedules (0: from the clock; the seed is logged)")
+	chaosSeed  = flag.Int64("chaos.seed", 1, "seed of the chaos schedules (0: one from the clock; the seed is logged)")
 	chaosOps   = flag.Int("chaos.ops", 24, "steps of each chaos run, check points not counted")
 	chaosEvery = flag.Int("chaos.every", 8, "a check point after every so many chaos steps")
 	chaosPods  = flag.Int("chaos.pods", 16, "at most so many live pods in a chaos run")
@@ -166,7 +165,10 @@ func (cc *chaosCluster) run(ops []op) {
 		}
 	}
 	cc.figures["violations"] = len(cc.viol)
+	f := cc.figures
 	t.Logf("chaos figures (seed %d, %s):\n%s", cc.seed, time.Since(start).Round(time.Second), cc.figuresText())
+	t.Logf("chaos summary %s seed=%d steps=%d faults=%d add-ok=%d add-failed=%d check-points=%d pings=%d kept-reclaims=%d violations=%d time=%s",
+		t.Name(), cc.seed, f["steps"], f["faults"], f["add ok"], f["add failed"], f["check points"], f["pings"], f["re-claims kept by GC"], f["violations"], time.Since(start).Round(time.Second))
 	if len(cc.viol) > 0 {
 		t.Fatalf("chaos seed %d: %d violations:\n%s\nschedule:\n%s", cc.seed, len(cc.viol), strings.Join(cc.viol, "\n"), scheduleText(ops))
 	}
@@ -771,24 +773,6 @@ func pollCond(ctx context.Context, cond func() bool) bool {
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
-}
-
-// panicLine returns the first line of a log that shows a Go panic or fatal
-// runtime error, or "".
-func panicLine(path string) string {
-	data, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return ""
-	}
-	if err != nil {
-		return "unreadable: " + err.Error()
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if strings.HasPrefix(line, "panic: ") || strings.HasPrefix(line, "fatal error: ") || strings.Contains(line, "[recovered]") {
-			return line
-		}
-	}
-	return ""
 }
 
 // readFile is the file's content, or "" when it cannot be read.

@@ -5,9 +5,11 @@ package e2e_test
 // Both are tested without root in chaos_check_test.go.
 
 import (
+	"errors"
 	"fmt"
 	"math/rand"
 	"net/netip"
+	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -48,9 +50,9 @@ type op struct {
 	Kind  opKind
 	Node  int
 	Other int
-	Pod   string // opAdd: the new pod's name; opDel, opLose: the pod
+	Pod   string   // opAdd: the new pod's name; opDel, opLose: the pod
 	Pods  []string // opBurst: the new pods
-	Group []int  // opPartition: one side
+	Group []int    // opPartition: one side
 }
 
 func (o op) String() string {
@@ -454,4 +456,22 @@ func checkCluster(pods []podSeen, routers []routerSeen, removed []string) checkR
 	}
 	sort.SliceStable(res.Violations, func(i, j int) bool { return res.Violations[i].Kind < res.Violations[j].Kind })
 	return res
+}
+
+// panicLine returns the first line of a log that shows a Go panic or fatal
+// runtime error, or "".
+func panicLine(path string) string {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return ""
+	}
+	if err != nil {
+		return "unreadable: " + err.Error()
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(line, "panic: ") || strings.HasPrefix(line, "fatal error: ") || strings.Contains(line, "[recovered]") {
+			return line
+		}
+	}
+	return ""
 }
