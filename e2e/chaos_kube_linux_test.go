@@ -50,10 +50,16 @@ func TestChaosKube(t *testing.T) {
 	}
 	// How often each peer's reclaim was logged when its Node was last
 	// deleted: deleted waits for one more.
+	// (A line with the peer, "deleted" and "reclaiming": the wording of
+	// the router's and of the kube package's log lines.)
 	reclaims := func(peer string) int {
 		total := 0
 		for _, m := range c.Nodes {
-			total += strings.Count(readFile(m.RouterLog), "node of peer "+peer+" deleted")
+			for _, line := range strings.Split(readFile(m.RouterLog), "\n") {
+				if strings.Contains(line, peer) && strings.Contains(line, "deleted") && strings.Contains(line, "reclaiming") {
+					total++
+				}
+			}
 		}
 		return total
 	}
