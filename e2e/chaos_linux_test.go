@@ -581,9 +581,23 @@ func (cc *chaosCluster) check(step int) {
 	live := cc.liveNodes()
 	hctx, cancel := context.WithTimeout(ctx, chaosHealWait)
 	defer cancel()
+	// Every router gets the whole wait: one that never gets ready does not
+	// eat the others' time.
+	notReady := map[string]string{}
+	pollCond(hctx, func() bool {
+		clear(notReady)
+		for _, n := range live {
+			rctx, rcancel := context.WithTimeout(hctx, 2*time.Second)
+			if err := n.WaitReady(rctx); err != nil {
+				notReady[n.Name] = firstLine(err)
+			}
+			rcancel()
+		}
+		return len(notReady) == 0
+	})
 	for _, n := range live {
-		if err := n.WaitReady(hctx); err != nil {
-			cc.fail(fmt.Sprintf("%s: %s not ready after heal: %v", where, n.Name, firstLine(err)))
+		if msg, ok := notReady[n.Name]; ok {
+			cc.fail(fmt.Sprintf("%s: %s not ready within %s of heal: %s", where, n.Name, chaosHealWait, msg))
 		}
 	}
 	if len(cc.viol) > 0 {
