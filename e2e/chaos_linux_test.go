@@ -584,16 +584,22 @@ func (cc *chaosCluster) check(step int) {
 	// Every router gets the whole wait: one that never gets ready does not
 	// eat the others' time.
 	notReady := map[string]string{}
+	for _, n := range live {
+		notReady[n.Name] = "not asked yet"
+	}
 	pollCond(hctx, func() bool {
-		clear(notReady)
+		round := map[string]string{}
 		for _, n := range live {
 			rctx, rcancel := context.WithTimeout(hctx, 2*time.Second)
 			if err := n.WaitReady(rctx); err != nil {
-				notReady[n.Name] = firstLine(err)
+				round[n.Name] = firstLine(err)
 			}
 			rcancel()
 		}
-		return len(notReady) == 0
+		if hctx.Err() == nil { // a round cut short by the deadline says nothing
+			notReady = round
+		}
+		return len(round) == 0
 	})
 	for _, n := range live {
 		if msg, ok := notReady[n.Name]; ok {
