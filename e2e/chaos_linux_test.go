@@ -596,7 +596,7 @@ func (cc *chaosCluster) check(step int) {
 			}
 			rcancel()
 		}
-		if hctx.Err() == nil { // a round cut short by the deadline says nothing
+		if hctx.Err() == nil || len(round) == 0 { // a round cut short by the deadline says nothing
 			notReady = round
 		}
 		return len(round) == 0
