@@ -12,7 +12,7 @@ export WEFT_BIN_DIR := $(BIN)
 # Debian packages the tests, the demo and the benchmarks use.
 APT_PKGS := iproute2 nftables iputils-ping iperf3 tcpdump containernetworking-plugins
 
-.PHONY: all deps build build-race test test-race-e2e test-unit fuzz demo bench clean kube-tools image
+.PHONY: all deps build build-race test test-race-e2e test-unit fuzz demo bench chaos clean kube-tools image
 
 all: build
 
@@ -79,6 +79,22 @@ bench: deps build
 	$(GO) run ./e2e/cmd/membench -nodes 3 -idle 30s -cycles 10000
 	$(GO) test -run '^$$' -bench . -benchmem ./ipalloc/
 	$(GO) test -run '^$$' -bench LocalAPIAllocate -benchtime 2000x ./router/
+
+# chaos: the long chaos runs of docs/reliability.md, TestChaos (--peers,
+# rmpeer) and TestChaosKube (--kube, Node deletion): CHAOS_RUNS runs of each,
+# CHAOS_OPS steps with a check point every CHAOS_EVERY, at most CHAOS_PODS
+# live pods. CHAOS_SEED=0 draws a seed per run (logged); CHAOS_SEED=n
+# replays that schedule. The log, with the figures of every run, goes to
+# bin/chaos.log.
+CHAOS_RUNS  ?= 3
+CHAOS_OPS   ?= 200
+CHAOS_EVERY ?= 10
+CHAOS_PODS  ?= 30
+CHAOS_SEED  ?= 0
+chaos: deps build kube-tools
+	@set -o pipefail; $(GO) test -race -count=$(CHAOS_RUNS) -timeout 180m -v -run '^TestChaos(Kube)?$$' ./e2e/ \
+		-chaos.seed=$(CHAOS_SEED) -chaos.ops=$(CHAOS_OPS) -chaos.every=$(CHAOS_EVERY) -chaos.pods=$(CHAOS_PODS) >$(BIN)/chaos.log 2>&1; rc=$$?; \
+		grep -E 'chaos summary|VIOLATION|^--- |^(ok|FAIL)' $(BIN)/chaos.log; echo "full log: $(BIN)/chaos.log"; exit $$rc
 
 # kube-tools builds etcd, kube-apiserver and kubectl (pinned by
 # e2e/kubeapi/tools) into the tools cache (WEFT_TOOLS_CACHE, default

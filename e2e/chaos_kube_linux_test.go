@@ -1,0 +1,87 @@
+package e2e_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/weft-net/weft/e2e"
+	"github.com/weft-net/weft/e2e/kubeapi"
+)
+
+// TestChaosKube: the chaos of TestChaos with routers in --kube mode against
+// a real kube-apiserver (no --peers, consensus among the Nodes), and
+// instead of rmpeer the Node objects: a machine gone and its Node deleted
+// (one live router reclaims its ranges), a fresh machine registering the
+// Node again under a new peer name, and a Node deleted while its router
+// runs and registered again (as a kubelet does after `kubectl delete
+// node`).
+func TestChaosKube(t *testing.T) {
+	if testing.Short() {
+		t.Skip("e2e: skipped in -short mode")
+	}
+	seed := chaosSeedValue(t)
+	run := e2e.NewTestRun(t)
+	ctx, cancel := chaosContext(t)
+	defer cancel()
+	c, err := run.NewCluster(ctx, e2e.ClusterOpts{Nodes: chaosNodes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := kubeapi.Start(t, kubeapi.Options{Run: run, NetNS: c.Underlay, Address: e2e.UnderlayGateway})
+	if err := srv.ApplyWeft(ctx); err != nil {
+		t.Fatal(err)
+	}
+	id, err := srv.ServiceAccount(ctx, "kube-system", "weft", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err := srv.Clientset()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range c.Nodes {
+		if _, err := srv.CreateNode(ctx, n.Name, n.UnderlayIP); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// How often each peer's reclaim was logged when its Node was last
+	// deleted: deleted waits for one more.
+	// (A line with the peer, "deleted" and "reclaiming": the wording of
+	// the router's and of the kube package's log lines.)
+	reclaims := func(peer string) int {
+		total := 0
+		for _, m := range c.Nodes {
+			for _, line := range strings.Split(readFile(m.RouterLog), "\n") {
+				if strings.Contains(line, peer) && strings.Contains(line, "deleted") && strings.Contains(line, "reclaiming") {
+					total++
+				}
+			}
+		}
+		return total
+	}
+	before := map[string]int{}
+	hooks := &kubeHooks{
+		deleteNode: func(ctx context.Context, n *e2e.Node) error {
+			before[n.PeerName] = reclaims(n.PeerName)
+			return admin.CoreV1().Nodes().Delete(ctx, n.Name, metav1.DeleteOptions{})
+		},
+		createNode: func(ctx context.Context, n *e2e.Node) error {
+			_, err := srv.CreateNode(ctx, n.Name, n.UnderlayIP)
+			return err
+		},
+		deleted: func(ctx context.Context, n *e2e.Node, peer string) bool {
+			wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			return pollCond(wctx, func() bool { return reclaims(peer) > before[peer] })
+		},
+	}
+	cc := newChaos(t, ctx, c, seed, hooks, func(n *e2e.Node) []string {
+		return []string{"--kube", "--kubeconfig", id.Kubeconfig, "--node-name", n.Name, "--kube-namespace", "kube-system",
+			"--ipalloc-range", chaosUniverse}
+	})
+	cc.run(schedule(seed, scheduleOpts{Nodes: chaosNodes, Ops: *chaosOps, CheckEvery: *chaosEvery, Kube: true, MaxPods: *chaosPods}))
+}
