@@ -91,10 +91,15 @@ func (p *Peer) forget(x PeerName) {
 }
 
 // sendRemoves sends Remove{x} to every member of x's barrier that has not
-// acknowledged.
+// acknowledged, and, while any has not, to x itself: if it is alive after
+// all, it stops allocating at once (peer_removal.go).
 func (p *Peer) sendRemoves(x PeerName) {
-	for _, q := range p.waitingFor(x) {
+	waiting := p.waitingFor(x)
+	for _, q := range waiting {
 		p.send(q, &Remove{Peer: x})
+	}
+	if len(waiting) > 0 {
+		p.send(x, &Remove{Peer: x})
 	}
 }
 
@@ -168,6 +173,9 @@ func (p *Peer) completeReclaims() {
 		if err != nil {
 			p.event(true, "ipalloc: rmpeer of %s: %v", x, err)
 			continue
+		}
+		if !p.reported[x] {
+			p.send(x, &Remove{Peer: x}) // once more, in case it is alive
 		}
 		if !p.reclaimed[x] {
 			p.reclaimed[x] = true // no withdrawal from now on

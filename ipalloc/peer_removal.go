@@ -135,6 +135,16 @@ func (p *Peer) AddMember(q PeerName) error {
 	return nil
 }
 
+// Reclaiming reports whether this peer reclaims x (x's removal is this
+// peer's), and whether that reclaim has taken over (then it can no longer
+// be withdrawn).
+func (p *Peer) Reclaiming(x PeerName) (reclaiming, done bool) {
+	if p.removed[x] != p.cfg.Self {
+		return false, false
+	}
+	return true, p.reclaimed[x]
+}
+
 // Members returns the peers that share this ring, sorted.
 func (p *Peer) Members() []PeerName { return slices.Sorted(maps.Keys(p.members)) }
 
