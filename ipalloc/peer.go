@@ -47,6 +47,7 @@ type Peer struct {
 	membersDirty bool
 	reclaimed    map[PeerName]bool              // reclaims of this peer's that took over (on disk): no withdrawal any more
 	withdrawing  map[PeerName]map[PeerName]bool // removals withdrawn -> the peers that acknowledged
+	told         map[PeerName]int64             // removed peers heard from -> when they were told (ticks)
 
 	// Reclaims this peer runs: acks from live peers per removed peer.
 	acks        map[PeerName]map[PeerName]bool
@@ -595,6 +596,7 @@ func (p *Peer) Step(from PeerName, m Msg) error {
 			p.send(from, &HandoverAck{ID: h.ID})
 			return nil
 		}
+		p.tellRemoved(from)
 		return fmt.Errorf("%w %s (removed by %s)", ErrRemovedPeer, from, by)
 	}
 	p.AddPeer(from)

@@ -192,6 +192,23 @@ func (p *Peer) removeSelf(by PeerName) {
 	p.serve() // answers what waits with the error
 }
 
+// tellRemoved tells x, a peer this one removes that still talks (it was
+// down or cut off while it was removed, and is back), that it is removed,
+// at most once every Timing.RemoveRetry ticks.
+func (p *Peer) tellRemoved(x PeerName) {
+	if p.removed[x] != p.cfg.Self {
+		return
+	}
+	if at, ok := p.told[x]; ok && p.now-at < int64(p.cfg.Timing.RemoveRetry) {
+		return
+	}
+	if p.told == nil || len(p.told) > 1000 {
+		p.told = map[PeerName]int64{}
+	}
+	p.told[x] = p.now
+	p.send(x, &Remove{Peer: x})
+}
+
 // Withdraw calls off this peer's reclaim of x while its barrier is still
 // open: x is no longer removed here, and every member (and x itself) is
 // told to forget the removal. Withdrawing a peer that is not removed does

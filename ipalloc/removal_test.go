@@ -334,3 +334,58 @@ func TestPeerGoneOtherReclaimer(t *testing.T) {
 		t.Fatalf("owners after the takeover: %v", got)
 	}
 }
+
+// TestRemovedPeerBackAfterTakeover: x was down through its whole reclaim
+// and starts again from its disk, which still gives it its ranges. Its
+// first message to the reclaimer is refused and answered with Remove: it
+// stops allocating before it hands out an address the reclaimer owns now.
+func TestRemovedPeerBackAfterTakeover(t *testing.T) {
+	c := newCluster(t, "10.32.0.0/24", seeded("a", "b", "x"))
+	c.run(3)
+	c.peers["x"] = nil
+	a := c.peers["a"]
+	if err := a.PeerGone("x"); err != nil {
+		t.Fatal(err)
+	}
+	c.ready("a")
+	c.run(2 * simTiming.RemoveRetry)
+	if slices.Contains(a.Ring().Peers(), "x") {
+		t.Fatal("x not reclaimed")
+	}
+	c.queue = nil
+	x, err := NewPeer(PeerConfig{Self: "x", Universe: c.u, Init: c.inits["x"], Peers: c.names, Timing: simTiming}, c.disk["x"].Clone())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd := x.Ready()
+	if rd.Broadcast == nil {
+		t.Fatal("x does not announce its ring at start")
+	}
+	if err := a.Step("x", &RingMsg{Ring: rd.Broadcast}); !errors.Is(err, ErrRemovedPeer) {
+		t.Fatalf("a took x's ring: %v", err)
+	}
+	var told bool
+	for _, m := range a.Ready().Messages {
+		if rm, ok := m.Msg.(*Remove); ok && m.To == "x" && rm.Peer == "x" {
+			told = true
+			if err := x.Step("a", rm); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if !told {
+		t.Fatal("a did not tell x that it is removed")
+	}
+	x.Allocate(key(5))
+	rd = x.Ready()
+	if len(rd.Answers) != 1 || !errors.Is(rd.Answers[0].Err, ErrRemoved) || len(rd.Allocs) != 0 {
+		t.Fatalf("x allocated after it was told it is removed: %+v", rd.Answers)
+	}
+	// Told at most once every RemoveRetry ticks.
+	a.Step("x", &RingMsg{Ring: x.Gossip()})
+	for _, m := range a.Ready().Messages {
+		if _, ok := m.Msg.(*Remove); ok && m.To == "x" {
+			t.Fatal("x told again at once")
+		}
+	}
+}
