@@ -200,6 +200,7 @@ type HardState struct {
 	Paxos       PaxosState
 	Removed     map[PeerName]PeerName // removed peer -> its reclaimer
 	Reclaimed   []PeerName            // removed peers whose ranges this peer took over
+	Withdrawn   []PeerName            // removals this peer withdrew that not every member has confirmed
 	Members     []PeerName            // the peers that share this ring, sorted (the barrier of a reclaim)
 	Allocations map[Key]Address
 	Left        PeerName // the heir, once this peer has left the cluster (weft reset)
@@ -217,6 +218,7 @@ func (h *HardState) Apply(rd Ready) {
 	if rd.Removed != nil {
 		h.Removed = maps.Clone(rd.Removed)
 		h.Reclaimed = slices.Clone(rd.Reclaimed)
+		h.Withdrawn = slices.Clone(rd.Withdrawn)
 	}
 	if rd.Members != nil {
 		h.Members = slices.Clone(rd.Members)
@@ -239,7 +241,7 @@ func (h *HardState) Apply(rd Ready) {
 // Clone returns a deep copy.
 func (h HardState) Clone() HardState {
 	c := HardState{Paxos: h.Paxos, Removed: maps.Clone(h.Removed), Allocations: maps.Clone(h.Allocations), Left: h.Left,
-		Reclaimed: slices.Clone(h.Reclaimed), Members: slices.Clone(h.Members)}
+		Reclaimed: slices.Clone(h.Reclaimed), Withdrawn: slices.Clone(h.Withdrawn), Members: slices.Clone(h.Members)}
 	c.Paxos.Value = slices.Clone(h.Paxos.Value)
 	if h.Ring != nil {
 		c.Ring = h.Ring.Clone()
@@ -253,8 +255,10 @@ type Ready struct {
 	Ring    *Ring                 // the whole ring, when it changed
 	Paxos   *PaxosState           // when it changed
 	Removed map[PeerName]PeerName // the whole set, when it changed
-	// Reclaimed goes with Removed (the whole set, whenever Removed is set).
+	// Reclaimed and Withdrawn go with Removed (the whole sets, whenever
+	// Removed is set).
 	Reclaimed []PeerName
+	Withdrawn []PeerName
 	Members   []PeerName    // the whole set, when it changed
 	Allocs    []AllocChange // in order
 	Left      PeerName      // the heir, when this peer has just left (weft reset)
@@ -492,6 +496,7 @@ func (p *Peer) Ready() Ready {
 	if p.removedDirty {
 		rd.Removed = maps.Clone(p.removed)
 		rd.Reclaimed = slices.Sorted(maps.Keys(p.reclaimed))
+		rd.Withdrawn = slices.Sorted(maps.Keys(p.withdrawing))
 		p.removedDirty = false
 	}
 	if p.membersDirty {

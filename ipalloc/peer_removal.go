@@ -34,8 +34,9 @@ import (
 //
 // Withdrawn. While the barrier of a reclaim is open, nothing of X's has
 // been taken over, so the reclaimer may call it off (Withdraw): it
-// forgets the removal and tells every member, and X, with Withdraw; each
-// forgets the removal if it was by that reclaimer, and answers. Once the
+// forgets the removal and tells every member, and X, with Withdraw, until
+// each has answered (kept on disk until then); each forgets the removal if
+// it was by that reclaimer, and answers. Once the
 // barrier has completed (recorded on disk), a removal can no longer be
 // withdrawn: X's ranges belong to the reclaimer.
 
@@ -93,6 +94,11 @@ func (p *Peer) restoreMembers(hs HardState) {
 	for _, q := range hs.Reclaimed {
 		if _, ok := hs.Removed[q]; ok {
 			p.reclaimed[q] = true
+		}
+	}
+	for _, q := range hs.Withdrawn {
+		if _, ok := hs.Removed[q]; !ok && ValidatePeerName(q) == nil {
+			p.withdrawing[q] = map[PeerName]bool{} // resent at the first tick that resends
 		}
 	}
 	n := len(p.members)
@@ -283,4 +289,5 @@ func (p *Peer) stepWithdrawAck(from PeerName, m *WithdrawAck) {
 		}
 	}
 	delete(p.withdrawing, m.Peer)
+	p.removedDirty = true
 }

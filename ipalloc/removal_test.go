@@ -389,3 +389,42 @@ func TestRemovedPeerBackAfterTakeover(t *testing.T) {
 		}
 	}
 }
+
+// TestWithdrawSurvivesRestart: a member that missed the withdrawal (cut
+// off) gets it after the reclaimer restarted: the withdrawal is on disk
+// until every member confirmed it.
+func TestWithdrawSurvivesRestart(t *testing.T) {
+	c := newCluster(t, "10.32.0.0/24", seeded("a", "b", "c", "d", "x"))
+	c.run(3)
+	c.cut["d"] = true // holds the barrier open
+	a := c.peers["a"]
+	if err := a.PeerGone("x"); err != nil {
+		t.Fatal(err)
+	}
+	c.ready("a")
+	c.run(2)
+	if _, ok := c.peers["c"].Removed()["x"]; !ok {
+		t.Fatal("c did not record the removal")
+	}
+	c.cut["c"] = true // misses the withdrawal
+	if err := a.Withdraw("x"); err != nil {
+		t.Fatal(err)
+	}
+	c.ready("a")
+	c.run(2)
+	if !slices.Contains(c.disk["a"].Withdrawn, "x") {
+		t.Fatalf("the open withdrawal is not on disk: %v", c.disk["a"].Withdrawn)
+	}
+	c.queue = nil
+	c.restartKnowing("a", []PeerName{"b", "c", "d", "x"})
+	clear(c.cut)
+	c.run(3 * simTiming.RemoveRetry)
+	for _, n := range c.names {
+		if _, ok := c.peers[n].Removed()["x"]; ok {
+			t.Errorf("%s still has x removed", n)
+		}
+	}
+	if len(c.disk["a"].Withdrawn) != 0 {
+		t.Errorf("withdrawal still open on disk once all confirmed: %v", c.disk["a"].Withdrawn)
+	}
+}
