@@ -733,16 +733,16 @@ func (p *Peer) Tick() {
 // peer has space, later when it must wait for the first claim or a
 // donation, or an error after Timing.AllocDeadline ticks.
 func (p *Peer) Allocate(k Key) {
+	if err := p.removedErr(); err != nil { // also for a key it holds: its address may be another's now
+		p.rd.Answers = append(p.rd.Answers, Answer{Key: k, Err: err})
+		return
+	}
 	if addr, ok := p.a.Lookup(k); ok {
 		p.rd.Answers = append(p.rd.Answers, Answer{Key: k, Address: addr})
 		return
 	}
 	if p.leave != nil {
 		p.rd.Answers = append(p.rd.Answers, Answer{Key: k, Err: ErrLeft})
-		return
-	}
-	if err := p.removedErr(); err != nil {
-		p.rd.Answers = append(p.rd.Answers, Answer{Key: k, Err: err})
 		return
 	}
 	for _, w := range p.pending {

@@ -189,12 +189,14 @@ func TestRemovedPeerStopsAllocating(t *testing.T) {
 	}
 	check := func(when string) {
 		t.Helper()
-		x.Allocate(key(2))
-		c.ready("x")
-		a := c.answer[key(2)]
-		var re *RemovedError
-		if !errors.Is(a.Err, ErrRemoved) || !errors.As(a.Err, &re) || re.By != "a" || re.Self != "x" {
-			t.Fatalf("%s: a removed peer answered %+v", when, a)
+		for _, k := range []Key{key(1), key(2)} { // one it holds, one new
+			x.Allocate(k)
+			c.ready("x")
+			a := c.answer[k]
+			var re *RemovedError
+			if !errors.Is(a.Err, ErrRemoved) || !errors.As(a.Err, &re) || re.By != "a" || re.Self != "x" {
+				t.Fatalf("%s: a removed peer answered %+v", when, a)
+			}
 		}
 		if _, ok := x.Lookup(key(2)); ok {
 			t.Fatalf("%s: a removed peer allocated", when)
@@ -242,6 +244,16 @@ func TestWithdrawReclaim(t *testing.T) {
 	}
 	if err := b.Withdraw("x"); !isReclaiming(err, "x", "a") {
 		t.Errorf("b withdrew a's removal: %v", err)
+	}
+	// Only the reclaimer's Withdraw counts.
+	for _, n := range []PeerName{"b", "x"} {
+		if err := c.peers[n].Step("c", &Withdraw{Peer: "x"}); err != nil {
+			t.Fatal(err)
+		}
+		c.ready(n)
+		if _, ok := c.peers[n].Removed()["x"]; !ok {
+			t.Fatalf("%s took c's Withdraw of a's removal of x", n)
+		}
 	}
 	if err := a.Withdraw("x"); err != nil {
 		t.Fatal(err)
@@ -426,5 +438,32 @@ func TestWithdrawSurvivesRestart(t *testing.T) {
 	}
 	if len(c.disk["a"].Withdrawn) != 0 {
 		t.Errorf("withdrawal still open on disk once all confirmed: %v", c.disk["a"].Withdrawn)
+	}
+}
+
+// TestReclaimBarrierRingOwners: an owner known only from a merged ring
+// (it got a donation from b, and a never heard from it) is a member: the
+// reclaim waits for it.
+func TestReclaimBarrierRingOwners(t *testing.T) {
+	c := newCluster(t, "10.32.0.0/24", seeded("a", "b", "x"))
+	c.run(3)
+	b := c.peers["b"]
+	if err := b.Step("n", &DonateRequest{ID: 1}); err != nil {
+		t.Fatal(err)
+	}
+	c.ready("b")
+	c.run(2) // b's ring reaches a; n is not in the cluster helper's network
+	a := c.peers["a"]
+	if !slices.Contains(a.Ring().Peers(), "n") || !slices.Contains(a.Members(), "n") {
+		t.Fatalf("a's ring owners %v, members %v", a.Ring().Peers(), a.Members())
+	}
+	c.peers["x"] = nil
+	if err := a.PeerGone("x"); err != nil {
+		t.Fatal(err)
+	}
+	c.ready("a")
+	c.run(2 * simTiming.RemoveRetry)
+	if got := a.Status().Reclaims["x"]; !slices.Equal(got, []PeerName{"n"}) {
+		t.Fatalf("the reclaim waits for %v, want [n]", got)
 	}
 }
