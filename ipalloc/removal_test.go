@@ -467,3 +467,25 @@ func TestReclaimBarrierRingOwners(t *testing.T) {
 		t.Fatalf("the reclaim waits for %v, want [n]", got)
 	}
 }
+
+func TestWithdrawCodec(t *testing.T) {
+	for _, m := range []Msg{&Withdraw{Peer: "x"}, &WithdrawAck{Peer: "peer-1"}} {
+		b := EncodeMsg(m)
+		got, err := DecodeMsg(b)
+		if err != nil {
+			t.Fatalf("%T: %v", m, err)
+		}
+		if EncodeMsg(got) == nil || string(EncodeMsg(got)) != string(b) {
+			t.Errorf("%T does not round-trip: %+v", m, got)
+		}
+		if _, err := DecodeMsg(b[:len(b)-1]); !errors.Is(err, ErrBadMessage) {
+			t.Errorf("%T cut short: %v", m, err)
+		}
+		if _, err := DecodeMsg(append(b, 0)); !errors.Is(err, ErrBadMessage) {
+			t.Errorf("%T with a byte more: %v", m, err)
+		}
+	}
+	if _, err := DecodeMsg([]byte{wireFormat, byte(kindWithdraw), 0}); !errors.Is(err, ErrBadMessage) {
+		t.Errorf("Withdraw of an empty name: %v", err)
+	}
+}

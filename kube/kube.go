@@ -19,7 +19,9 @@
 //     "registered": "<time>", "reclaimer": "<peer name>", "reclaimStarted":
 //     "<time>"}}. Every router registers itself at start. "reclaimer" is the
 //     marker of a reclaim in progress: that peer won the compare-and-swap
-//     and is taking the ranges over.
+//     and is taking the ranges over. "calledOff" names a reclaimer whose
+//     reclaim this peer's registration called off (it came back): that
+//     router withdraws the reclaim in its allocator and clears it.
 //   - "reclaimed": {"<peer name>": {"node": "...", "by": "<peer name>",
 //     "at": "<time>"}}: the reclaims done in the last TombstoneTTL, so that
 //     if their reclaimer's node goes too, the next reclaimer also finishes
