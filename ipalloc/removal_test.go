@@ -489,3 +489,23 @@ func TestWithdrawCodec(t *testing.T) {
 		t.Errorf("Withdraw of an empty name: %v", err)
 	}
 }
+
+// TestRemovedPeerLeaves: weft reset on a removed peer needs no heir: its
+// reclaimer takes over what it owns.
+func TestRemovedPeerLeaves(t *testing.T) {
+	c := newCluster(t, "10.32.0.0/24", seeded("a", "b", "x"))
+	c.run(3)
+	x := c.peers["x"]
+	if err := x.Step("a", &Remove{Peer: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	c.ready("x")
+	res, err := x.Leave(func(PeerName) bool { return false }, true) // nobody reachable
+	if err != nil || res.Heir != "" {
+		t.Fatalf("Leave of a removed peer = %+v, %v", res, err)
+	}
+	c.ready("x")
+	if left, _, done := x.Leaving(); !left || !done || !c.hasEvent("x: ipalloc: leaving the cluster (weft reset) after a removed this peer") {
+		t.Fatalf("left %v done %v; events %v", left, done, c.events)
+	}
+}
