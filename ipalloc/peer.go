@@ -76,6 +76,9 @@ type Peer struct {
 	found     map[Key]Address   // addresses in use on the node, to hold once owned (HoldFound)
 	foundWarn map[Key]bool      // found addresses reported as another peer's
 	refused   map[string]int64  // refusal reported -> when (ticks)
+	// rejoin: started without a ring, and has not yet heard from every
+	// owner of its ring (peer_rejoin.go): it holds back.
+	rejoin bool
 }
 
 // reportAgainAfter is how long (in ticks: 10 minutes with DefaultTiming's
@@ -94,7 +97,11 @@ func (e *RefusedRing) Unwrap() error { return e.Err }
 // reportRefusal logs that the ring from from was refused, unless the same
 // refusal was logged lately.
 func (p *Peer) reportRefusal(from string, err error) {
-	text := fmt.Sprintf("ipalloc: refused the ring from %s: %v", from, err)
+	p.reportOnce(fmt.Sprintf("ipalloc: refused the ring from %s: %v", from, err))
+}
+
+// reportOnce logs text as a warning, unless it was logged lately.
+func (p *Peer) reportOnce(text string) {
 	if at, ok := p.refused[text]; ok && p.now-at < reportAgainAfter {
 		return
 	}
@@ -331,6 +338,9 @@ func NewPeer(cfg PeerConfig, hs HardState) (*Peer, error) {
 	for _, n := range cfg.Peers {
 		p.AddPeer(n)
 	}
+	if hs.Ring == nil || hs.Ring.Empty() {
+		p.rejoin, p.a.frozen = true, true
+	}
 	if hs.Ring != nil && !hs.Ring.Empty() {
 		r := hs.Ring.Clone()
 		if r.Seed == 0 { // saved before rings had seeds: a claim by its owners
@@ -357,6 +367,9 @@ func NewPeer(cfg PeerConfig, hs HardState) (*Peer, error) {
 		}
 	}
 	if cfg.Init.Consensus > 0 {
+		if n := hs.Paxos.Size; n != 0 && n != cfg.Init.Consensus && p.a.ring.Empty() {
+			return nil, &ConsensusSizeError{Local: cfg.Init.Consensus, Remote: n}
+		}
 		p.px = NewPaxos(cfg.Self, cfg.Init.Consensus, hs.Paxos, cfg.Timing, p.rng)
 	}
 	p.lastOwned = nil               // the first Ready logs what this peer owns
@@ -408,6 +421,12 @@ func (p *Peer) AddPeer(name PeerName) {
 		return
 	}
 	p.known[name] = true
+	if !p.a.ring.Empty() && p.leave == nil && p.live(name) {
+		// What memberlist's join does with the full state: a peer that
+		// started without state learns at once what it owns (and answers
+		// with its own ring, as this one is new to it).
+		p.send(name, &RingMsg{Ring: p.gossip.Clone()})
+	}
 	for x := range p.acks {
 		if !p.acks[x][name] && p.live(name) {
 			p.send(name, &Remove{Peer: x})
@@ -598,6 +617,7 @@ func (p *Peer) Step(from PeerName, m Msg) error {
 	case err == nil && ring != nil && !ring.Empty() && !p.a.ring.Empty():
 		p.ringPeers[from] = true
 		delete(p.foreign, from)
+		p.checkRejoin()
 	case errors.Is(err, ErrSplitRing) && !p.foreign[from]:
 		// A peer of another ring never acknowledges this ring's removals,
 		// takes no donation from it and cannot be its heir: waiting for it
@@ -624,6 +644,10 @@ func (p *Peer) stepPaxos(from PeerName, m *PaxosMsg) error {
 	}
 	if p.px == nil {
 		return nil // observers and seed peers do not vote
+	}
+	if err := p.px.CheckSize(from, m); err != nil {
+		p.reportOnce(fmt.Sprintf("refused a %s: %v", m.Type, err))
+		return err
 	}
 	p.paxosOut(p.px.Step(from, m))
 	return nil
@@ -710,6 +734,9 @@ func (p *Peer) Allocate(k Key) {
 // serve hands out addresses to waiting allocations, in order, and asks for
 // space for the rest.
 func (p *Peer) serve() {
+	if p.rejoin && !p.a.ring.Empty() {
+		return // it does not know yet what it owns (peer_rejoin.go)
+	}
 	for len(p.pending) > 0 {
 		k := p.pending[0].key
 		addr, _, err := p.a.Allocate(k)
@@ -760,6 +787,7 @@ type PeerStatus struct {
 	Waiting  int                     // allocations waiting for space
 	Reclaims map[PeerName][]PeerName // peer being removed -> live peers that have not acknowledged yet
 	Left     bool                    // this peer has left the cluster (weft reset)
+	Rejoin   string                  // why a peer that started without state holds back; empty: it does not
 	Heir     PeerName                // to which peer it handed its ranges
 	HandedOn bool                    // the heir has saved them
 }
@@ -772,6 +800,7 @@ func (p *Peer) Status() PeerStatus {
 		s.Quorum, s.Known = p.px.Quorum(), p.px.Known()
 	}
 	s.Left, s.Heir, s.HandedOn = p.Leaving()
+	s.Rejoin = p.rejoinStatus()
 	for x, acked := range p.acks {
 		if s.Reclaims == nil {
 			s.Reclaims = map[PeerName][]PeerName{}
@@ -800,6 +829,8 @@ func (s PeerStatus) String() string {
 		return fmt.Sprintf("awaiting consensus (quorum: %d, known: %d)", s.Quorum, s.Known)
 	case !s.Claimed:
 		return "waiting for the ring from a peer"
+	case s.Rejoin != "":
+		return s.Rejoin
 	case s.Owned == 0 || s.Waiting > 0:
 		return "waiting for space"
 	}

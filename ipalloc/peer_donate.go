@@ -67,7 +67,7 @@ func (p *Peer) tickDonation() {
 }
 
 func (p *Peer) stepDonateRequest(from PeerName, m *DonateRequest) {
-	if p.a.ring.Empty() {
+	if p.a.ring.Empty() || p.rejoin {
 		p.send(from, &Denial{ID: m.ID})
 		return
 	}
