@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 )
@@ -183,7 +184,9 @@ type Paxos struct {
 	votes  map[Ballot]map[PeerName]bool
 	chosen []PeerName
 
-	halted bool // heard of another consensus size: takes no part any more
+	// conflicts are the peers last heard with another consensus size:
+	// while there is one, this participant takes no part.
+	conflicts map[PeerName]int
 }
 
 // NewPaxos returns a participant for self in a cluster of expected peers,
@@ -225,17 +228,32 @@ func (e *ConsensusSizeError) Error() string {
 
 // CheckSize refuses a message from a peer that counts another N, and
 // halts this participant: from then on it neither proposes nor votes.
+// A later message from the same peer with this peer's N (it was restarted
+// with the right one) lifts the halt, once no other peer differs.
 func (px *Paxos) CheckSize(from PeerName, m *PaxosMsg) error {
 	if m.Size == 0 || int(m.Size) == px.expected {
+		delete(px.conflicts, from)
 		return nil
 	}
-	px.halted = true
+	if px.conflicts == nil {
+		px.conflicts = map[PeerName]int{}
+	}
+	px.conflicts[from] = int(m.Size)
 	px.proposing = false
 	return &ConsensusSizeError{Peer: from, Local: px.expected, Remote: int(m.Size)}
 }
 
 // Halted reports whether this participant stopped on another peer's N.
-func (px *Paxos) Halted() bool { return px.halted }
+func (px *Paxos) Halted() bool { return len(px.conflicts) > 0 }
+
+// Conflict describes the first peer (by name) that counts another N, if any.
+func (px *Paxos) Conflict() string {
+	if len(px.conflicts) == 0 {
+		return ""
+	}
+	q := slices.Sorted(maps.Keys(px.conflicts))[0]
+	return fmt.Sprintf("first claim halted: %s counts consensus=%d, this peer %d (see the log)", q, px.conflicts[q], px.expected)
+}
 
 // Size is the consensus size N this participant counts.
 func (px *Paxos) Size() int { return px.expected }
@@ -265,7 +283,7 @@ func (px *Paxos) ClearDirty() { px.dirty = false }
 
 // Propose starts proposing, if this peer is not already.
 func (px *Paxos) Propose() []PaxosOut {
-	if px.proposing || px.chosen != nil || px.halted {
+	if px.proposing || px.chosen != nil || px.Halted() {
 		return nil
 	}
 	px.proposing = true
@@ -290,7 +308,7 @@ func (px *Paxos) attempt() []PaxosOut {
 // Tick advances time: a proposer that has not seen its value chosen in time
 // tries again with a higher round.
 func (px *Paxos) Tick() []PaxosOut {
-	if !px.proposing || px.chosen != nil || px.halted {
+	if !px.proposing || px.chosen != nil || px.Halted() {
 		return nil
 	}
 	px.elapsed++
@@ -317,7 +335,7 @@ func (px *Paxos) send(to PeerName, m *PaxosMsg) []PaxosOut {
 
 // Step handles a message (already validated) from peer from.
 func (px *Paxos) Step(from PeerName, m *PaxosMsg) []PaxosOut {
-	if px.halted || px.CheckSize(from, m) != nil {
+	if px.CheckSize(from, m) != nil || px.Halted() {
 		return nil
 	}
 	px.known[from] = true

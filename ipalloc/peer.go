@@ -78,7 +78,8 @@ type Peer struct {
 	refused   map[string]int64  // refusal reported -> when (ticks)
 	// rejoin: started without a ring, and has not yet heard from every
 	// owner of its ring (peer_rejoin.go): it holds back.
-	rejoin bool
+	rejoin      bool
+	rejoinSaved bool // the disk says it holds back
 }
 
 // reportAgainAfter is how long (in ticks: 10 minutes with DefaultTiming's
@@ -200,6 +201,7 @@ type HardState struct {
 	Removed     map[PeerName]PeerName // removed peer -> its reclaimer
 	Allocations map[Key]Address
 	Left        PeerName // the heir, once this peer has left the cluster (weft reset)
+	Rejoin      bool     // it started without a ring and holds back still (peer_rejoin.go)
 }
 
 // Apply records what rd says to persist.
@@ -217,6 +219,9 @@ func (h *HardState) Apply(rd Ready) {
 	if rd.Left != "" {
 		h.Left = rd.Left
 	}
+	if rd.Rejoin != nil {
+		h.Rejoin = *rd.Rejoin
+	}
 	if len(rd.Allocs) > 0 && h.Allocations == nil {
 		h.Allocations = map[Key]Address{}
 	}
@@ -231,7 +236,7 @@ func (h *HardState) Apply(rd Ready) {
 
 // Clone returns a deep copy.
 func (h HardState) Clone() HardState {
-	c := HardState{Paxos: h.Paxos, Removed: maps.Clone(h.Removed), Allocations: maps.Clone(h.Allocations), Left: h.Left}
+	c := HardState{Paxos: h.Paxos, Removed: maps.Clone(h.Removed), Allocations: maps.Clone(h.Allocations), Left: h.Left, Rejoin: h.Rejoin}
 	c.Paxos.Value = slices.Clone(h.Paxos.Value)
 	if h.Ring != nil {
 		c.Ring = h.Ring.Clone()
@@ -247,6 +252,7 @@ type Ready struct {
 	Removed map[PeerName]PeerName // the whole set, when it changed
 	Allocs  []AllocChange         // in order
 	Left    PeerName              // the heir, when this peer has just left (weft reset)
+	Rejoin  *bool                 // whether it holds back (peer_rejoin.go), when that changed
 
 	// Then send.
 	Broadcast *Ring      // gossip to every peer
@@ -259,7 +265,7 @@ type Ready struct {
 
 // Empty reports whether rd holds nothing.
 func (rd *Ready) Empty() bool {
-	return rd.Ring == nil && rd.Paxos == nil && rd.Removed == nil && len(rd.Allocs) == 0 && rd.Left == "" &&
+	return rd.Ring == nil && rd.Paxos == nil && rd.Removed == nil && len(rd.Allocs) == 0 && rd.Left == "" && rd.Rejoin == nil &&
 		rd.Broadcast == nil && len(rd.Messages) == 0 && len(rd.Answers) == 0 && len(rd.Events) == 0
 }
 
@@ -338,8 +344,8 @@ func NewPeer(cfg PeerConfig, hs HardState) (*Peer, error) {
 	for _, n := range cfg.Peers {
 		p.AddPeer(n)
 	}
-	if hs.Ring == nil || hs.Ring.Empty() {
-		p.rejoin, p.a.frozen = true, true
+	if hs.Ring == nil || hs.Ring.Empty() || hs.Rejoin {
+		p.rejoin, p.a.frozen, p.rejoinSaved = true, true, hs.Rejoin
 	}
 	if hs.Ring != nil && !hs.Ring.Empty() {
 		r := hs.Ring.Clone()
@@ -492,6 +498,13 @@ func (p *Peer) Ready() Ready {
 	if p.leftDirty {
 		rd.Left = p.leave.heir
 		p.leftDirty = false
+	}
+	if rd.Ring != nil && p.rejoin && !rd.Ring.Empty() && !p.rejoinSaved {
+		// With the first ring it saves: a restart holds back too.
+		rd.Rejoin, p.rejoinSaved = new(true), true
+	}
+	if !p.rejoin && p.rejoinSaved {
+		rd.Rejoin, p.rejoinSaved = new(false), false
 	}
 	return rd
 }
@@ -770,6 +783,7 @@ func (p *Peer) Release(k Key) {
 			return
 		}
 	}
+	delete(p.found, k) // a pod found on the node, gone before it was held again
 	if addr, ok := p.a.Release(k); ok {
 		p.rd.Allocs = append(p.rd.Allocs, AllocChange{Key: k, Address: addr})
 		p.ringChanged(false)
@@ -788,6 +802,7 @@ type PeerStatus struct {
 	Reclaims map[PeerName][]PeerName // peer being removed -> live peers that have not acknowledged yet
 	Left     bool                    // this peer has left the cluster (weft reset)
 	Rejoin   string                  // why a peer that started without state holds back; empty: it does not
+	Conflict string                  // why the first claim is halted (another peer's consensus size); empty: it is not
 	Heir     PeerName                // to which peer it handed its ranges
 	HandedOn bool                    // the heir has saved them
 }
@@ -798,6 +813,7 @@ func (p *Peer) Status() PeerStatus {
 	s := PeerStatus{Claimed: !p.a.ring.Empty(), Observer: p.cfg.Init.Observer, Owned: st.Owned, Free: st.Free, Waiting: len(p.pending)}
 	if p.px != nil {
 		s.Quorum, s.Known = p.px.Quorum(), p.px.Known()
+		s.Conflict = p.px.Conflict()
 	}
 	s.Left, s.Heir, s.HandedOn = p.Leaving()
 	s.Rejoin = p.rejoinStatus()
@@ -825,6 +841,8 @@ func (s PeerStatus) String() string {
 		return fmt.Sprintf("left the cluster (weft reset): ranges handed to %s", s.Heir)
 	case s.Left:
 		return fmt.Sprintf("left the cluster (weft reset): waiting for %s to confirm the handover of its ranges", s.Heir)
+	case !s.Claimed && s.Conflict != "":
+		return s.Conflict
 	case !s.Claimed && s.Quorum > 0:
 		return fmt.Sprintf("awaiting consensus (quorum: %d, known: %d)", s.Quorum, s.Known)
 	case !s.Claimed:

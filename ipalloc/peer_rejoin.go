@@ -3,6 +3,7 @@ package ipalloc
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 )
 
@@ -19,8 +20,12 @@ import (
 //     lost self may have given them;
 //   - it allocates nothing, gives no donation, re-claims nothing it found
 //     on the node (HoldFound) and completes no reclaim, until it has merged
-//     a claimed ring from every other live owner in its ring since it
-//     started. Every change its lost self made to its ranges went to the
+//     a claimed ring from every other owner in its ring that is not
+//     removed, and from every live peer it knows (a donation of its lost
+//     self may be known only to the peer it went to), since it started,
+//     and from one live peer at least (the owners of its own
+//     seed claim need not be the ring's owners any more; they may even
+//     all be removed). Every change its lost self made to its ranges went to the
 //     peer it concerned (a donation to its new owner) or was only a free
 //     count; so it then knows every range it really owns.
 //
@@ -31,7 +36,8 @@ import (
 // peers) allocate once they have heard from each other.
 //
 // An owner that is down holds the rejoin until it is back, or is removed
-// (weft rmpeer): a removed peer is not waited for.
+// (weft rmpeer): a removed peer is not waited for. A lone peer
+// (consensus=1) has nobody to ask, and cannot tell a lost disk.
 
 // rejoinVersionJump is how far a rejoined peer's entries jump.
 const rejoinVersionJump = 1 << 10
@@ -44,22 +50,51 @@ func (p *Peer) rejoinWaits() []PeerName {
 	if !p.rejoin || p.a.ring.Empty() {
 		return nil
 	}
-	var out []PeerName
+	// Every owner that is not removed (one whose ring is refused as
+	// seeded apart too: this peer may have started in the wrong ring),
+	// and every live peer it knows: a donation of its lost self may be
+	// known only to the peer it went to.
+	wait := map[PeerName]bool{}
 	for _, q := range p.a.ring.Peers() {
-		if q != p.cfg.Self && p.live(q) && !p.ringPeers[q] {
+		if _, gone := p.removed[q]; !gone && q != p.cfg.Self {
+			wait[q] = true
+		}
+	}
+	for _, q := range p.livePeers() {
+		wait[q] = true
+	}
+	var out []PeerName
+	for q := range wait {
+		if !p.ringPeers[q] {
 			out = append(out, q)
 		}
 	}
+	slices.Sort(out)
 	return out
+}
+
+// heardLive reports whether this peer merged a claimed ring from a live
+// peer since it started (or needs none: a lone peer).
+func (p *Peer) heardLive() bool {
+	if p.cfg.Init.Consensus == 1 {
+		return true
+	}
+	for q := range p.ringPeers {
+		if p.live(q) {
+			return true
+		}
+	}
+	return false
 }
 
 // checkRejoin ends the hold once nothing is waited for.
 func (p *Peer) checkRejoin() {
-	if !p.rejoin || p.a.ring.Empty() || len(p.rejoinWaits()) > 0 {
+	if !p.rejoin || p.a.ring.Empty() || len(p.rejoinWaits()) > 0 || !p.heardLive() {
 		return
 	}
 	p.rejoin = false
 	p.a.frozen = false
+	p.ringDirty = true // with the Ready that says it no longer holds back
 	owns := false
 	for i := range p.a.ring.Entries {
 		if e := &p.a.ring.Entries[i]; e.Peer == p.cfg.Self {
@@ -86,6 +121,9 @@ func (p *Peer) checkRejoin() {
 // rejoinStatus is the status line part of a holding peer.
 func (p *Peer) rejoinStatus() string {
 	w := p.rejoinWaits()
+	if len(w) == 0 && p.rejoin && !p.a.ring.Empty() {
+		return "started without state: waiting for the ring from a peer before allocating"
+	}
 	if len(w) == 0 {
 		return ""
 	}

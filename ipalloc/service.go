@@ -25,6 +25,7 @@ const (
 	keyPaxos          = "paxos"
 	keyRemoved        = "removed"
 	keyLeft           = "left"
+	keyRejoin         = "rejoin"
 )
 
 // TickInterval is the length of one core tick (DefaultTiming assumes it).
@@ -220,6 +221,7 @@ func (s *Service) load() error {
 				return fmt.Errorf("the removed peers saved in %s are unreadable: %w", s.db.Path(), err)
 			}
 		}
+		hs.Rejoin = string(b.Get([]byte(keyRejoin))) == "1"
 		if data := b.Get([]byte(keyLeft)); len(data) > 0 {
 			hs.Left = PeerName(data)
 			if err := ValidatePeerName(hs.Left); err != nil {
@@ -374,7 +376,7 @@ func (s *Service) queue(o outgoing) {
 
 // persistLocked writes what rd says to persist, in one transaction.
 func (s *Service) persistLocked(rd Ready) error {
-	if rd.Ring == nil && rd.Paxos == nil && rd.Removed == nil && len(rd.Allocs) == 0 && rd.Left == "" {
+	if rd.Ring == nil && rd.Paxos == nil && rd.Removed == nil && len(rd.Allocs) == 0 && rd.Left == "" && rd.Rejoin == nil {
 		return nil
 	}
 	now := s.cfg.Now().UTC()
@@ -407,6 +409,17 @@ func (s *Service) persistLocked(rd Ready) error {
 		}
 		if rd.Left != "" {
 			if err := ipam.Put([]byte(keyLeft), []byte(rd.Left)); err != nil {
+				return err
+			}
+		}
+		if rd.Rejoin != nil {
+			var err error
+			if *rd.Rejoin {
+				err = ipam.Put([]byte(keyRejoin), []byte("1"))
+			} else {
+				err = ipam.Delete([]byte(keyRejoin))
+			}
+			if err != nil {
 				return err
 			}
 		}
