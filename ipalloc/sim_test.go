@@ -162,17 +162,17 @@ type simEntry struct {
 }
 
 type sim struct {
-	seed  uint64
-	rng   *rand.Rand
-	u     Range
-	peers []*simPeer
-	by    map[PeerName]*simPeer
-	net   []simMsg
-	group  map[PeerName]int           // partition: peers in different groups cannot talk
-	oneway map[[2]PeerName]bool       // cut from -> to only
-	quiet  bool                       // no faults (the final phase)
-	seen   map[simVersion]simEntry    // scratch for checkRings
-	base   Init                       // the cluster's configuration
+	seed   uint64
+	rng    *rand.Rand
+	u      Range
+	peers  []*simPeer
+	by     map[PeerName]*simPeer
+	net    []simMsg
+	group  map[PeerName]int        // partition: peers in different groups cannot talk
+	oneway map[[2]PeerName]bool    // cut from -> to only
+	quiet  bool                    // no faults (the final phase)
+	seen   map[simVersion]simEntry // scratch for checkRings
+	base   Init                    // the cluster's configuration
 
 	held    map[Key]Address  // answered and not released: what the containers hold
 	holder  map[Key]PeerName // the peer each held or waiting key was asked of
@@ -430,7 +430,9 @@ func (s *sim) readyAll() {
 }
 
 // connected reports whether a message from a reaches b.
-func (s *sim) connected(a, b PeerName) bool { return s.group[a] == s.group[b] && !s.oneway[[2]PeerName{a, b}] }
+func (s *sim) connected(a, b PeerName) bool {
+	return s.group[a] == s.group[b] && !s.oneway[[2]PeerName{a, b}]
+}
 
 // explained reports whether a warning is what a fault of the schedule
 // makes a correct peer say: another consensus size, a ring of another seed
