@@ -49,12 +49,14 @@ const (
 	kindRemoveAck
 	kindHandover
 	kindHandoverAck
+	kindWithdraw
+	kindWithdrawAck
 	kindEnd // one past the last
 )
 
 // Msg is a message between the IPAM cores of two peers: one of *RingMsg,
 // *PaxosMsg, *DonateRequest, *Donation, *Denial, *Remove, *RemoveAck,
-// *Handover, *HandoverAck.
+// *Handover, *HandoverAck, *Withdraw, *WithdrawAck.
 type Msg interface {
 	kind() msgKind
 }
@@ -103,6 +105,18 @@ type HandoverAck struct {
 	Heir PeerName // empty: saved
 }
 
+// Withdraw calls off the removal of Peer that the sender started (its
+// barrier was still open, so nothing of Peer's was taken over): a peer
+// that recorded the removal by the sender forgets it, and Peer itself
+// allocates again. Answered with a WithdrawAck.
+type Withdraw struct{ Peer PeerName }
+
+// WithdrawAck acknowledges a Withdraw.
+type WithdrawAck struct{ Peer PeerName }
+
+func (*Withdraw) kind() msgKind    { return kindWithdraw }
+func (*WithdrawAck) kind() msgKind { return kindWithdrawAck }
+
 func (*RingMsg) kind() msgKind       { return kindRing }
 func (*DonateRequest) kind() msgKind { return kindDonateRequest }
 func (*Donation) kind() msgKind      { return kindDonation }
@@ -146,6 +160,10 @@ func EncodeMsg(m Msg) []byte {
 	case *Denial:
 		b = binary.AppendUvarint(b, m.ID)
 	case *Remove:
+		b = appendName(b, m.Peer)
+	case *Withdraw:
+		b = appendName(b, m.Peer)
+	case *WithdrawAck:
 		b = appendName(b, m.Peer)
 	case *RemoveAck:
 		b = appendName(b, m.Peer)
@@ -208,6 +226,10 @@ func DecodeMsg(data []byte) (Msg, error) {
 		m = &Denial{ID: d.uvarint()}
 	case kindRemove:
 		m = &Remove{Peer: d.name()}
+	case kindWithdraw:
+		m = &Withdraw{Peer: d.name()}
+	case kindWithdrawAck:
+		m = &WithdrawAck{Peer: d.name()}
 	case kindRemoveAck:
 		am := &RemoveAck{Peer: d.name()}
 		am.Ring = d.ring()

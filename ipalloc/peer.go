@@ -18,8 +18,8 @@ import (
 //
 // The contract with the shell, for every Ready, in order:
 //
-//  1. Persist: Ready.Ring, Ready.Paxos, Ready.Removed and Ready.Allocs, in
-//     one transaction (HardState.Apply shows what that means). If that
+//  1. Persist: Ready.Ring, Ready.Paxos, Ready.Removed (with
+//     Ready.Reclaimed), Ready.Members and Ready.Allocs, in one transaction (HardState.Apply shows what that means). If that
 //     fails, drop this Peer and build a new one from what is on disk: never
 //     send or answer what was not saved.
 //  2. Send: Ready.Broadcast to every peer (gossip), Ready.Messages to their
@@ -39,7 +39,15 @@ type Peer struct {
 
 	now     int64
 	known   map[PeerName]bool     // peers this one knows of (not self)
-	removed map[PeerName]PeerName // removed peer -> the peer that reclaims it
+	removed map[PeerName]PeerName // removed peer -> the peer that reclaims it (self too: see peer_removal.go)
+
+	// The durable barrier (peer_removal.go): every peer that shares this
+	// ring as far as this one ever learned, kept on disk.
+	members      map[PeerName]bool
+	membersDirty bool
+	reclaimed    map[PeerName]bool              // reclaims of this peer's that took over (on disk): no withdrawal any more
+	withdrawing  map[PeerName]map[PeerName]bool // removals withdrawn -> the peers that acknowledged
+	told         map[PeerName]int64             // removed peers heard from -> when they were told (ticks)
 
 	// Reclaims this peer runs: acks from live peers per removed peer.
 	acks        map[PeerName]map[PeerName]bool
@@ -199,6 +207,8 @@ type HardState struct {
 	Ring        *Ring
 	Paxos       PaxosState
 	Removed     map[PeerName]PeerName // removed peer -> its reclaimer
+	Reclaimed   []PeerName            // removed peers whose ranges this peer took over
+	Members     []PeerName            // the peers that share this ring, sorted (the barrier of a reclaim)
 	Allocations map[Key]Address
 	Left        PeerName // the heir, once this peer has left the cluster (weft reset)
 	Rejoin      bool     // it started without a ring and holds back still (peer_rejoin.go)
@@ -215,6 +225,10 @@ func (h *HardState) Apply(rd Ready) {
 	}
 	if rd.Removed != nil {
 		h.Removed = maps.Clone(rd.Removed)
+		h.Reclaimed = slices.Clone(rd.Reclaimed)
+	}
+	if rd.Members != nil {
+		h.Members = slices.Clone(rd.Members)
 	}
 	if rd.Left != "" {
 		h.Left = rd.Left
@@ -236,7 +250,8 @@ func (h *HardState) Apply(rd Ready) {
 
 // Clone returns a deep copy.
 func (h HardState) Clone() HardState {
-	c := HardState{Paxos: h.Paxos, Removed: maps.Clone(h.Removed), Allocations: maps.Clone(h.Allocations), Left: h.Left, Rejoin: h.Rejoin}
+	c := HardState{Paxos: h.Paxos, Removed: maps.Clone(h.Removed), Allocations: maps.Clone(h.Allocations), Left: h.Left,
+		Reclaimed: slices.Clone(h.Reclaimed), Members: slices.Clone(h.Members), Rejoin: h.Rejoin}
 	c.Paxos.Value = slices.Clone(h.Paxos.Value)
 	if h.Ring != nil {
 		c.Ring = h.Ring.Clone()
@@ -250,9 +265,12 @@ type Ready struct {
 	Ring    *Ring                 // the whole ring, when it changed
 	Paxos   *PaxosState           // when it changed
 	Removed map[PeerName]PeerName // the whole set, when it changed
-	Allocs  []AllocChange         // in order
-	Left    PeerName              // the heir, when this peer has just left (weft reset)
-	Rejoin  *bool                 // whether it holds back (peer_rejoin.go), when that changed
+	// Reclaimed goes with Removed (the whole set, whenever Removed is set).
+	Reclaimed []PeerName
+	Members   []PeerName    // the whole set, when it changed
+	Allocs    []AllocChange // in order
+	Left      PeerName      // the heir, when this peer has just left (weft reset)
+	Rejoin    *bool         // whether it holds back (peer_rejoin.go), when that changed
 
 	// Then send.
 	Broadcast *Ring      // gossip to every peer
@@ -265,7 +283,7 @@ type Ready struct {
 
 // Empty reports whether rd holds nothing.
 func (rd *Ready) Empty() bool {
-	return rd.Ring == nil && rd.Paxos == nil && rd.Removed == nil && len(rd.Allocs) == 0 && rd.Left == "" && rd.Rejoin == nil &&
+	return rd.Ring == nil && rd.Paxos == nil && rd.Removed == nil && rd.Members == nil && len(rd.Allocs) == 0 && rd.Left == "" && rd.Rejoin == nil &&
 		rd.Broadcast == nil && len(rd.Messages) == 0 && len(rd.Answers) == 0 && len(rd.Events) == 0
 }
 
@@ -328,14 +346,17 @@ func NewPeer(cfg PeerConfig, hs HardState) (*Peer, error) {
 	}
 	p := &Peer{
 		cfg: cfg, rng: cfg.Rand,
-		a:        NewAllocator(cfg.Self, cfg.Universe),
-		known:    map[PeerName]bool{},
-		removed:  map[PeerName]PeerName{},
-		acks:     map[PeerName]map[PeerName]bool{},
-		reported: map[PeerName]bool{},
-		tried:    map[PeerName]bool{},
-		served:   map[PeerName]uint64{},
-		gossip:   NewRing(cfg.Universe),
+		a:           NewAllocator(cfg.Self, cfg.Universe),
+		known:       map[PeerName]bool{},
+		removed:     map[PeerName]PeerName{},
+		members:     map[PeerName]bool{},
+		reclaimed:   map[PeerName]bool{},
+		withdrawing: map[PeerName]map[PeerName]bool{},
+		acks:        map[PeerName]map[PeerName]bool{},
+		reported:    map[PeerName]bool{},
+		tried:       map[PeerName]bool{},
+		served:      map[PeerName]uint64{},
+		gossip:      NewRing(cfg.Universe),
 
 		ringPeers: map[PeerName]bool{},
 		foreign:   map[PeerName]bool{},
@@ -372,6 +393,7 @@ func NewPeer(cfg PeerConfig, hs HardState) (*Peer, error) {
 			p.acks[x] = map[PeerName]bool{}
 		}
 	}
+	p.restoreMembers(hs)
 	if cfg.Init.Consensus > 0 {
 		if n := hs.Paxos.Size; n != 0 && n != cfg.Init.Consensus && p.a.ring.Empty() {
 			return nil, &ConsensusSizeError{Local: cfg.Init.Consensus, Remote: n}
@@ -433,6 +455,7 @@ func (p *Peer) AddPeer(name PeerName) {
 		// with its own ring, as this one is new to it).
 		p.send(name, &RingMsg{Ring: p.gossip.Clone()})
 	}
+	p.addMember(name)
 	for x := range p.acks {
 		if !p.acks[x][name] && p.live(name) {
 			p.send(name, &Remove{Peer: x})
@@ -468,7 +491,7 @@ func (p *Peer) send(to PeerName, m Msg) {
 
 // HasReady reports whether Ready would return anything.
 func (p *Peer) HasReady() bool {
-	return p.ringDirty || p.broadcast || p.removedDirty || p.leftDirty || (p.px != nil && p.px.Dirty()) || !p.rd.Empty()
+	return p.ringDirty || p.broadcast || p.removedDirty || p.membersDirty || p.leftDirty || (p.px != nil && p.px.Dirty()) || !p.rd.Empty()
 }
 
 // Ready returns what to persist, send and answer, in that order (see Peer),
@@ -493,7 +516,15 @@ func (p *Peer) Ready() Ready {
 	}
 	if p.removedDirty {
 		rd.Removed = maps.Clone(p.removed)
+		rd.Reclaimed = slices.Sorted(maps.Keys(p.reclaimed))
 		p.removedDirty = false
+	}
+	if p.membersDirty {
+		rd.Members = slices.Sorted(maps.Keys(p.members))
+		if rd.Members == nil {
+			rd.Members = []PeerName{}
+		}
+		p.membersDirty = false
 	}
 	if p.leftDirty {
 		rd.Left = p.leave.heir
@@ -573,6 +604,7 @@ func (p *Peer) mergeRing(r *Ring, from string) error {
 	if !changed {
 		return nil
 	}
+	p.addOwners()
 	p.ringChanged(before == 0 || !slices.Equal(p.a.Owned(), p.lastOwned))
 	p.completeReclaims()
 	p.holdFound()
@@ -596,6 +628,7 @@ func (p *Peer) Step(from PeerName, m Msg) error {
 			p.send(from, &HandoverAck{ID: h.ID})
 			return nil
 		}
+		p.tellRemoved(from)
 		return fmt.Errorf("%w %s (removed by %s)", ErrRemovedPeer, from, by)
 	}
 	p.AddPeer(from)
@@ -623,6 +656,10 @@ func (p *Peer) Step(from PeerName, m Msg) error {
 		ring, err = m.Ring, p.stepHandover(from, m)
 	case *HandoverAck:
 		p.stepHandoverAck(from, m)
+	case *Withdraw:
+		p.stepWithdraw(from, m)
+	case *WithdrawAck:
+		p.stepWithdrawAck(from, m)
 	default:
 		return fmt.Errorf("%w: unexpected %T", ErrBadMessage, m)
 	}
@@ -716,6 +753,7 @@ func (p *Peer) Tick() {
 		for x := range p.acks {
 			p.sendRemoves(x)
 		}
+		p.tickWithdraws()
 	}
 	if p.freeGossip && p.now%int64(p.cfg.Timing.GossipEvery) == 0 {
 		p.broadcast = true
@@ -735,6 +773,10 @@ func (p *Peer) Allocate(k Key) {
 		p.rd.Answers = append(p.rd.Answers, Answer{Key: k, Err: ErrLeft})
 		return
 	}
+	if err := p.removedErr(); err != nil {
+		p.rd.Answers = append(p.rd.Answers, Answer{Key: k, Err: err})
+		return
+	}
 	for _, w := range p.pending {
 		if w.key == k {
 			return
@@ -747,6 +789,13 @@ func (p *Peer) Allocate(k Key) {
 // serve hands out addresses to waiting allocations, in order, and asks for
 // space for the rest.
 func (p *Peer) serve() {
+	if err := p.removedErr(); err != nil {
+		for _, w := range p.pending {
+			p.rd.Answers = append(p.rd.Answers, Answer{Key: w.key, Err: err})
+		}
+		p.pending = nil
+		return
+	}
 	if p.rejoin && !p.a.ring.Empty() {
 		return // it does not know yet what it owns (peer_rejoin.go)
 	}
@@ -792,19 +841,20 @@ func (p *Peer) Release(k Key) {
 
 // PeerStatus is the operator's view of this peer's IPAM.
 type PeerStatus struct {
-	Claimed  bool // the ring has owners
-	Observer bool
-	Quorum   int // consensus: the quorum, and the peers heard from
-	Known    int
-	Owned    uint64 // addresses owned here
-	Free     uint64
-	Waiting  int                     // allocations waiting for space
-	Reclaims map[PeerName][]PeerName // peer being removed -> live peers that have not acknowledged yet
-	Left     bool                    // this peer has left the cluster (weft reset)
-	Rejoin   string                  // why a peer that started without state holds back; empty: it does not
-	Conflict string                  // why the first claim is halted (another peer's consensus size); empty: it is not
-	Heir     PeerName                // to which peer it handed its ranges
-	HandedOn bool                    // the heir has saved them
+	Claimed   bool // the ring has owners
+	Observer  bool
+	Quorum    int // consensus: the quorum, and the peers heard from
+	Known     int
+	Owned     uint64 // addresses owned here
+	Free      uint64
+	Waiting   int                     // allocations waiting for space
+	Reclaims  map[PeerName][]PeerName // peer being removed -> live peers that have not acknowledged yet
+	RemovedBy PeerName                // this peer was removed (rmpeer, or its Node deleted) by that peer
+	Left      bool                    // this peer has left the cluster (weft reset)
+	Heir      PeerName                // to which peer it handed its ranges
+	HandedOn  bool                    // the heir has saved them
+	Rejoin    string                  // why a peer that started without state holds back; empty: it does not
+	Conflict  string                  // why the first claim is halted (another peer's consensus size); empty: it is not
 }
 
 // Status returns the current status.
@@ -817,16 +867,12 @@ func (p *Peer) Status() PeerStatus {
 	}
 	s.Left, s.Heir, s.HandedOn = p.Leaving()
 	s.Rejoin = p.rejoinStatus()
-	for x, acked := range p.acks {
+	s.RemovedBy = p.removed[p.cfg.Self]
+	for x := range p.acks {
 		if s.Reclaims == nil {
 			s.Reclaims = map[PeerName][]PeerName{}
 		}
-		s.Reclaims[x] = []PeerName{}
-		for _, q := range p.livePeers() {
-			if !acked[q] {
-				s.Reclaims[x] = append(s.Reclaims[x], q)
-			}
-		}
+		s.Reclaims[x] = p.waitingFor(x)
 	}
 	return s
 }
@@ -841,6 +887,8 @@ func (s PeerStatus) String() string {
 		return fmt.Sprintf("left the cluster (weft reset): ranges handed to %s", s.Heir)
 	case s.Left:
 		return fmt.Sprintf("left the cluster (weft reset): waiting for %s to confirm the handover of its ranges", s.Heir)
+	case s.RemovedBy != "":
+		return fmt.Sprintf("removed from the cluster by %s: allocates nothing; run weft reset --force on this node and restart it to join again", s.RemovedBy)
 	case !s.Claimed && s.Conflict != "":
 		return s.Conflict
 	case !s.Claimed && s.Quorum > 0:

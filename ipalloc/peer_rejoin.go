@@ -37,7 +37,8 @@ import (
 //
 // An owner that is down holds the rejoin until it is back, or is removed
 // (weft rmpeer): a removed peer is not waited for. A lone peer
-// (consensus=1) has nobody to ask, and cannot tell a lost disk.
+// (consensus=1, or seed= itself alone) need hear from no peer before it
+// allocates: it waits only for the peers it knows.
 
 // rejoinVersionJump is how far a rejoined peer's entries jump.
 const rejoinVersionJump = 1 << 10
@@ -76,7 +77,7 @@ func (p *Peer) rejoinWaits() []PeerName {
 // heardLive reports whether this peer merged a claimed ring from a live
 // peer since it started (or needs none: a lone peer).
 func (p *Peer) heardLive() bool {
-	if p.cfg.Init.Consensus == 1 {
+	if p.cfg.Init.Consensus == 1 || slices.Equal(p.cfg.Init.Seeds, []PeerName{p.cfg.Self}) {
 		return true
 	}
 	for q := range p.ringPeers {

@@ -699,7 +699,7 @@ func (s *sim) randomStep() {
 		}
 	}
 	for _, sp := range s.peers {
-		if sp.oddSize != 0 && sp.init.Consensus == sp.oddSize {
+		if sp.oddSize != 0 && sp.init.Consensus == sp.oddSize && !sp.dead {
 			actions = append(actions, action{2, func() { s.fixOdd(sp) }})
 		}
 	}
@@ -1082,7 +1082,7 @@ func (s *sim) settle(what string) {
 		if sp.p != nil && sp.dead { // removed while alive (rmlive): the node goes
 			s.crash(sp, "removed")
 		}
-		if sp.oddSize != 0 && sp.init.Consensus == sp.oddSize {
+		if sp.oddSize != 0 && sp.init.Consensus == sp.oddSize && !sp.dead {
 			s.fixOdd(sp)
 		}
 		if sp.p == nil && !sp.dead {

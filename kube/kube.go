@@ -83,6 +83,11 @@ type Config struct {
 	// reclaimed even if its Node is gone (the Node may have been deleted
 	// and re-created under a running router); the next pass tries again.
 	PeerAlive func(peer string) bool
+	// Withdraw calls off this router's reclaim of a peer that came back
+	// (it registered again while, or after, this router reclaimed it): the
+	// allocator's Withdraw. It is called until it returns nil; it should
+	// return nil when there is nothing to withdraw (any more). Nil: never.
+	Withdraw func(ctx context.Context, peer string) error
 
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer // nil registers nothing
