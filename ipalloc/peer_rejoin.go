@@ -90,7 +90,8 @@ func (p *Peer) heardLive() bool {
 
 // checkRejoin ends the hold once nothing is waited for.
 func (p *Peer) checkRejoin() {
-	if !p.rejoin || p.a.ring.Empty() || len(p.rejoinWaits()) > 0 || !p.heardLive() {
+	if !p.rejoin || p.a.ring.Empty() || len(p.rejoinWaits()) > 0 || !p.heardLive() || p.removedErr() != nil {
+		// A removed peer stays frozen: its entries are its reclaimer's.
 		return
 	}
 	p.rejoin = false

@@ -57,8 +57,8 @@ var (
 	simSchedules = flag.Int("ipalloc.sim.schedules", 0, "number of simulation schedules (default 300, 40 with -short)")
 	simSteps     = flag.Int("ipalloc.sim.steps", 0, "steps per simulation schedule (default 1500, 600 with -short)")
 	simFirst     = flag.Uint64("ipalloc.sim.first", 1, "seed of the first simulation schedule")
-	simFaults    = flag.String("ipalloc.sim.faults", "oneway,join,rename,mixedsize", "faults of the hard simulation to inject (comma-separated; also: partialview, wipe, otherseeds, all; partialview needs the durable rmpeer barrier)")
-	simRmLive    = flag.Bool("ipalloc.sim.rmlive", false, "also rmpeer live peers cut off from the rest (needs removal as a state: the removed peer stops allocating)")
+	simFaults    = flag.String("ipalloc.sim.faults", "oneway,partialview,join,rename,mixedsize", "faults of the hard simulation to inject (comma-separated; also: wipe, otherseeds, all)")
+	simRmLive    = flag.Bool("ipalloc.sim.rmlive", true, "also rmpeer live peers cut off from the rest (a Node deleted while its router is cut off): it must stop allocating once it knows")
 )
 
 // simCounts adds up what the schedules did.
@@ -393,6 +393,14 @@ func (s *sim) ready(sp *simPeer) {
 		s.c.Msgs++
 	}
 	for _, a := range rd.Answers {
+		if sp.dead {
+			// Removed while alive (rmlive): its pods are gone with its
+			// Node; a new allocation is caught by knowsRemoved below.
+			if a.Err == nil && sp.knowsRemoved && !slices.ContainsFunc(sp.p.Allocations(), func(al Allocation) bool { return al.Key == a.Key }) {
+				s.fail("%s allocated %s to %s after it was told it is removed", sp.name, a.Address, a.Key)
+			}
+			continue
+		}
 		if !s.waiting[a.Key] || s.holder[a.Key] != sp.name {
 			if a.Err == nil && s.held[a.Key] != a.Address {
 				s.fail("%s answered %s with %s, which nobody asked for", sp.name, a.Key, a.Address)
@@ -448,7 +456,7 @@ func (s *sim) explained(text string) bool {
 			}
 		}
 		return s.otherSeedsUp() && strings.Contains(text, "refused the ring from")
-	case strings.Contains(text, "is removing this peer"):
+	case strings.Contains(text, "is removing this peer"), strings.Contains(text, "takes ranges this peer owns"):
 		return *simRmLive
 	}
 	return false
@@ -491,6 +499,10 @@ func (s *sim) deliver(i int) {
 			s.c.Refused++
 			s.c.Expected++
 		case errors.Is(err, ErrSplitRing) && (s.by[m.from].otherSeeds || to.otherSeeds):
+			s.c.Refused++
+			s.c.Expected++
+		case errors.Is(err, ErrRangeTaken) && to.dead && *simRmLive:
+			// Removed while alive: the reclaimer's ring takes its ranges.
 			s.c.Refused++
 			s.c.Expected++
 		default:
