@@ -84,6 +84,10 @@ type Peer struct {
 	found     map[Key]Address   // addresses in use on the node, to hold once owned (HoldFound)
 	foundWarn map[Key]bool      // found addresses reported as another peer's
 	refused   map[string]int64  // refusal reported -> when (ticks)
+	// rejoin: started without a ring, and has not yet heard from every
+	// owner of its ring (peer_rejoin.go): it holds back.
+	rejoin      bool
+	rejoinSaved bool // the disk says it holds back
 }
 
 // reportAgainAfter is how long (in ticks: 10 minutes with DefaultTiming's
@@ -102,7 +106,11 @@ func (e *RefusedRing) Unwrap() error { return e.Err }
 // reportRefusal logs that the ring from from was refused, unless the same
 // refusal was logged lately.
 func (p *Peer) reportRefusal(from string, err error) {
-	text := fmt.Sprintf("ipalloc: refused the ring from %s: %v", from, err)
+	p.reportOnce(fmt.Sprintf("ipalloc: refused the ring from %s: %v", from, err))
+}
+
+// reportOnce logs text as a warning, unless it was logged lately.
+func (p *Peer) reportOnce(text string) {
 	if at, ok := p.refused[text]; ok && p.now-at < reportAgainAfter {
 		return
 	}
@@ -204,6 +212,7 @@ type HardState struct {
 	Members     []PeerName            // the peers that share this ring, sorted (the barrier of a reclaim)
 	Allocations map[Key]Address
 	Left        PeerName // the heir, once this peer has left the cluster (weft reset)
+	Rejoin      bool     // it started without a ring and holds back still (peer_rejoin.go)
 }
 
 // Apply records what rd says to persist.
@@ -226,6 +235,9 @@ func (h *HardState) Apply(rd Ready) {
 	if rd.Left != "" {
 		h.Left = rd.Left
 	}
+	if rd.Rejoin != nil {
+		h.Rejoin = *rd.Rejoin
+	}
 	if len(rd.Allocs) > 0 && h.Allocations == nil {
 		h.Allocations = map[Key]Address{}
 	}
@@ -241,7 +253,7 @@ func (h *HardState) Apply(rd Ready) {
 // Clone returns a deep copy.
 func (h HardState) Clone() HardState {
 	c := HardState{Paxos: h.Paxos, Removed: maps.Clone(h.Removed), Allocations: maps.Clone(h.Allocations), Left: h.Left,
-		Reclaimed: slices.Clone(h.Reclaimed), Withdrawn: slices.Clone(h.Withdrawn), Members: slices.Clone(h.Members)}
+		Reclaimed: slices.Clone(h.Reclaimed), Withdrawn: slices.Clone(h.Withdrawn), Members: slices.Clone(h.Members), Rejoin: h.Rejoin}
 	c.Paxos.Value = slices.Clone(h.Paxos.Value)
 	if h.Ring != nil {
 		c.Ring = h.Ring.Clone()
@@ -262,6 +274,7 @@ type Ready struct {
 	Members   []PeerName    // the whole set, when it changed
 	Allocs    []AllocChange // in order
 	Left      PeerName      // the heir, when this peer has just left (weft reset)
+	Rejoin    *bool         // whether it holds back (peer_rejoin.go), when that changed
 
 	// Then send.
 	Broadcast *Ring      // gossip to every peer
@@ -274,7 +287,7 @@ type Ready struct {
 
 // Empty reports whether rd holds nothing.
 func (rd *Ready) Empty() bool {
-	return rd.Ring == nil && rd.Paxos == nil && rd.Removed == nil && rd.Members == nil && len(rd.Allocs) == 0 && rd.Left == "" &&
+	return rd.Ring == nil && rd.Paxos == nil && rd.Removed == nil && rd.Members == nil && len(rd.Allocs) == 0 && rd.Left == "" && rd.Rejoin == nil &&
 		rd.Broadcast == nil && len(rd.Messages) == 0 && len(rd.Answers) == 0 && len(rd.Events) == 0
 }
 
@@ -356,6 +369,9 @@ func NewPeer(cfg PeerConfig, hs HardState) (*Peer, error) {
 	for _, n := range cfg.Peers {
 		p.AddPeer(n)
 	}
+	if hs.Ring == nil || hs.Ring.Empty() || hs.Rejoin {
+		p.rejoin, p.a.frozen, p.rejoinSaved = true, true, hs.Rejoin
+	}
 	if hs.Ring != nil && !hs.Ring.Empty() {
 		r := hs.Ring.Clone()
 		if r.Seed == 0 { // saved before rings had seeds: a claim by its owners
@@ -383,6 +399,9 @@ func NewPeer(cfg PeerConfig, hs HardState) (*Peer, error) {
 	}
 	p.restoreMembers(hs)
 	if cfg.Init.Consensus > 0 {
+		if n := hs.Paxos.Size; n != 0 && n != cfg.Init.Consensus && p.a.ring.Empty() {
+			return nil, &ConsensusSizeError{Local: cfg.Init.Consensus, Remote: n}
+		}
 		p.px = NewPaxos(cfg.Self, cfg.Init.Consensus, hs.Paxos, cfg.Timing, p.rng)
 	}
 	p.lastOwned = nil               // the first Ready logs what this peer owns
@@ -434,6 +453,12 @@ func (p *Peer) AddPeer(name PeerName) {
 		return
 	}
 	p.known[name] = true
+	if !p.a.ring.Empty() && p.leave == nil && p.live(name) {
+		// What memberlist's join does with the full state: a peer that
+		// started without state learns at once what it owns (and answers
+		// with its own ring, as this one is new to it).
+		p.send(name, &RingMsg{Ring: p.gossip.Clone()})
+	}
 	p.addMember(name)
 	for x := range p.acks {
 		if !p.acks[x][name] && p.live(name) {
@@ -509,6 +534,13 @@ func (p *Peer) Ready() Ready {
 	if p.leftDirty {
 		rd.Left = p.leave.heir
 		p.leftDirty = false
+	}
+	if rd.Ring != nil && p.rejoin && !rd.Ring.Empty() && !p.rejoinSaved {
+		// With the first ring it saves: a restart holds back too.
+		rd.Rejoin, p.rejoinSaved = new(true), true
+	}
+	if !p.rejoin && p.rejoinSaved {
+		rd.Rejoin, p.rejoinSaved = new(false), false
 	}
 	return rd
 }
@@ -640,6 +672,7 @@ func (p *Peer) Step(from PeerName, m Msg) error {
 	case err == nil && ring != nil && !ring.Empty() && !p.a.ring.Empty():
 		p.ringPeers[from] = true
 		delete(p.foreign, from)
+		p.checkRejoin()
 	case errors.Is(err, ErrSplitRing) && !p.foreign[from]:
 		// A peer of another ring never acknowledges this ring's removals,
 		// takes no donation from it and cannot be its heir: waiting for it
@@ -666,6 +699,10 @@ func (p *Peer) stepPaxos(from PeerName, m *PaxosMsg) error {
 	}
 	if p.px == nil {
 		return nil // observers and seed peers do not vote
+	}
+	if err := p.px.CheckSize(from, m); err != nil {
+		p.reportOnce(fmt.Sprintf("refused a %s: %v", m.Type, err))
+		return err
 	}
 	p.paxosOut(p.px.Step(from, m))
 	return nil
@@ -764,6 +801,9 @@ func (p *Peer) serve() {
 		p.pending = nil
 		return
 	}
+	if p.rejoin && !p.a.ring.Empty() {
+		return // it does not know yet what it owns (peer_rejoin.go)
+	}
 	for len(p.pending) > 0 {
 		k := p.pending[0].key
 		addr, _, err := p.a.Allocate(k)
@@ -797,6 +837,7 @@ func (p *Peer) Release(k Key) {
 			return
 		}
 	}
+	delete(p.found, k) // a pod found on the node, gone before it was held again
 	if addr, ok := p.a.Release(k); ok {
 		p.rd.Allocs = append(p.rd.Allocs, AllocChange{Key: k, Address: addr})
 		p.ringChanged(false)
@@ -817,6 +858,8 @@ type PeerStatus struct {
 	Left      bool                    // this peer has left the cluster (weft reset)
 	Heir      PeerName                // to which peer it handed its ranges
 	HandedOn  bool                    // the heir has saved them
+	Rejoin    string                  // why a peer that started without state holds back; empty: it does not
+	Conflict  string                  // why the first claim is halted (another peer's consensus size); empty: it is not
 }
 
 // Status returns the current status.
@@ -825,8 +868,10 @@ func (p *Peer) Status() PeerStatus {
 	s := PeerStatus{Claimed: !p.a.ring.Empty(), Observer: p.cfg.Init.Observer, Owned: st.Owned, Free: st.Free, Waiting: len(p.pending)}
 	if p.px != nil {
 		s.Quorum, s.Known = p.px.Quorum(), p.px.Known()
+		s.Conflict = p.px.Conflict()
 	}
 	s.Left, s.Heir, s.HandedOn = p.Leaving()
+	s.Rejoin = p.rejoinStatus()
 	s.RemovedBy = p.removed[p.cfg.Self]
 	for x := range p.acks {
 		if s.Reclaims == nil {
@@ -849,10 +894,14 @@ func (s PeerStatus) String() string {
 		return fmt.Sprintf("left the cluster (weft reset): waiting for %s to confirm the handover of its ranges", s.Heir)
 	case s.RemovedBy != "":
 		return fmt.Sprintf("removed from the cluster by %s: allocates nothing; run weft reset --force on this node and restart it to join again", s.RemovedBy)
+	case !s.Claimed && s.Conflict != "":
+		return s.Conflict
 	case !s.Claimed && s.Quorum > 0:
 		return fmt.Sprintf("awaiting consensus (quorum: %d, known: %d)", s.Quorum, s.Known)
 	case !s.Claimed:
 		return "waiting for the ring from a peer"
+	case s.Rejoin != "":
+		return s.Rejoin
 	case s.Owned == 0 || s.Waiting > 0:
 		return "waiting for space"
 	}

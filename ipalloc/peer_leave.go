@@ -312,7 +312,7 @@ func (p *Peer) HoldFound(found map[Key]Address) {
 
 // holdFound holds the found addresses that are this peer's now.
 func (p *Peer) holdFound() {
-	if len(p.found) == 0 || p.a.ring.Empty() || p.leave != nil || p.removedErr() != nil {
+	if len(p.found) == 0 || p.a.ring.Empty() || p.leave != nil || p.rejoin || p.removedErr() != nil {
 		return
 	}
 	for _, k := range slices.SortedFunc(maps.Keys(p.found), Key.Compare) {

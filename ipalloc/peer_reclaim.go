@@ -155,6 +155,12 @@ func (p *Peer) stepRemoveAck(from PeerName, m *RemoveAck) error {
 // once the barrier is complete. It stays complete: ranges that such a peer
 // gets later (the first claim, if it names it) are taken at once.
 func (p *Peer) completeReclaims() {
+	if p.rejoin {
+		// Its view of the ring may be stale (peer_rejoin.go); a removal
+		// may also end the wait.
+		p.checkRejoin()
+		return
+	}
 	xs := make([]PeerName, 0, len(p.acks))
 	for x := range p.acks {
 		xs = append(xs, x)

@@ -28,6 +28,7 @@ const (
 	keyWithdrawn      = "withdrawn"
 	keyMembers        = "members"
 	keyLeft           = "left"
+	keyRejoin         = "rejoin"
 )
 
 // TickInterval is the length of one core tick (DefaultTiming assumes it).
@@ -224,6 +225,7 @@ func (s *Service) load() error {
 				return fmt.Errorf("the removed peers saved in %s are unreadable: %w", s.db.Path(), err)
 			}
 		}
+		hs.Rejoin = string(b.Get([]byte(keyRejoin))) == "1"
 		if data := b.Get([]byte(keyReclaimed)); len(data) > 0 {
 			if err := json.Unmarshal(data, &hs.Reclaimed); err != nil {
 				return fmt.Errorf("the finished reclaims saved in %s are unreadable: %w", s.db.Path(), err)
@@ -403,7 +405,7 @@ func (s *Service) queue(o outgoing) {
 
 // persistLocked writes what rd says to persist, in one transaction.
 func (s *Service) persistLocked(rd Ready) error {
-	if rd.Ring == nil && rd.Paxos == nil && rd.Removed == nil && rd.Members == nil && len(rd.Allocs) == 0 && rd.Left == "" {
+	if rd.Ring == nil && rd.Paxos == nil && rd.Removed == nil && rd.Members == nil && len(rd.Allocs) == 0 && rd.Left == "" && rd.Rejoin == nil {
 		return nil
 	}
 	now := s.cfg.Now().UTC()
@@ -447,6 +449,17 @@ func (s *Service) persistLocked(rd Ready) error {
 		}
 		if rd.Left != "" {
 			if err := ipam.Put([]byte(keyLeft), []byte(rd.Left)); err != nil {
+				return err
+			}
+		}
+		if rd.Rejoin != nil {
+			var err error
+			if *rd.Rejoin {
+				err = ipam.Put([]byte(keyRejoin), []byte("1"))
+			} else {
+				err = ipam.Delete([]byte(keyRejoin))
+			}
+			if err != nil {
 				return err
 			}
 		}
