@@ -640,6 +640,9 @@ func (p *Peer) Step(from PeerName, m Msg) error {
 	if p.leave != nil {
 		return p.stepLeft(from, m)
 	}
+	if p.removedErr() != nil {
+		return p.stepRemovedSelf(from, m)
+	}
 	var err error
 	var ring *Ring // the sender's ring, if the message carries one
 	switch m := m.(type) {

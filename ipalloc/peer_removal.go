@@ -198,6 +198,34 @@ func (p *Peer) removeSelf(by PeerName) {
 	p.serve() // answers what waits with the error
 }
 
+// stepRemovedSelf handles a message on a peer that knows it is removed.
+// It merges no ring: its entries are its reclaimer's now, and its view of
+// them no longer counts (it may hold changes nobody saw, made while it was
+// cut off, which the reclaimer's takeover contradicts). It answers what
+// others wait for, names its reclaimer to a peer that would hand it its
+// ranges, and listens for a withdrawal.
+func (p *Peer) stepRemovedSelf(from PeerName, m Msg) error {
+	switch m := m.(type) {
+	case *Withdraw:
+		p.stepWithdraw(from, m)
+	case *WithdrawAck:
+		p.stepWithdrawAck(from, m)
+	case *Remove:
+		p.stepRemove(from, m)
+	case *DonateRequest:
+		p.send(from, &Denial{ID: m.ID})
+	case *Denial:
+		p.stepDenial(from, m)
+	case *Handover:
+		p.send(from, &HandoverAck{ID: m.ID, Heir: p.removed[p.cfg.Self]})
+	case *HandoverAck:
+		p.stepHandoverAck(from, m)
+	case *PaxosMsg:
+		return p.stepPaxos(from, m)
+	}
+	return nil
+}
+
 // tellRemoved tells x, a peer this one removes that still talks (it was
 // down or cut off while it was removed, and is back), that it is removed,
 // at most once every Timing.RemoveRetry ticks.
