@@ -676,6 +676,8 @@ func (p *Peer) Step(from PeerName, m Msg) error {
 		p.ringPeers[from] = true
 		delete(p.foreign, from)
 		p.checkRejoin()
+	case errors.Is(err, ErrRangeTaken) && ring != nil:
+		p.takenOver(from, ring)
 	case errors.Is(err, ErrSplitRing) && !p.foreign[from]:
 		// A peer of another ring never acknowledges this ring's removals,
 		// takes no donation from it and cannot be its heir: waiting for it

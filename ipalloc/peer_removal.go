@@ -226,6 +226,28 @@ func (p *Peer) stepRemovedSelf(from PeerName, m Msg) error {
 	return nil
 }
 
+// takenOver handles a ring from a live peer that gives ranges this peer
+// owns to another: only a reclaim changes an entry that its owner did not,
+// so this peer was removed (weft rmpeer, or its Node deleted, while it
+// was cut off from its reclaimer), or its disk is older than what it told
+// the others (a restored backup). Either way its ranges are no longer its
+// own: it stops allocating as a removed peer does, and says so.
+func (p *Peer) takenOver(from PeerName, r *Ring) {
+	var by PeerName
+	for _, rg := range p.a.Owned() {
+		if q, ok := r.Owner(rg.Start); ok && q != p.cfg.Self {
+			by = q
+			break
+		}
+	}
+	if by == "" || ValidatePeerName(by) != nil {
+		return
+	}
+	p.event(true, "ipalloc: the ring from %s takes ranges this peer owns (it gives them to %s): this peer was removed while it was cut off "+
+		"(or its state is older than what it told the others)", from, by)
+	p.removeSelf(by)
+}
+
 // tellRemoved tells x, a peer this one removes that still talks (it was
 // down or cut off while it was removed, and is back), that it is removed,
 // at most once every Timing.RemoveRetry ticks.

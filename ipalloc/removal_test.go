@@ -509,3 +509,28 @@ func TestRemovedPeerLeaves(t *testing.T) {
 		t.Fatalf("left %v done %v; events %v", left, done, c.events)
 	}
 }
+
+// TestRemovedPeerLearnsFromTakeover: x was removed while cut off from its
+// reclaimer (a one-way cut: it never got the Remove); the first ring that
+// shows the takeover tells it, and it stops allocating.
+func TestRemovedPeerLearnsFromTakeover(t *testing.T) {
+	c := newCluster(t, "10.32.0.0/24", seeded("a", "b", "x"))
+	c.run(3)
+	r := c.peers["b"].Ring()
+	if _, err := r.Reclaim("x", "a"); err != nil { // a's takeover, as b merged it
+		t.Fatal(err)
+	}
+	x := c.peers["x"]
+	if err := x.Step("b", &RingMsg{Ring: r}); !errors.Is(err, ErrRangeTaken) {
+		t.Fatalf("Step = %v, want ErrRangeTaken", err)
+	}
+	x.Allocate(key(1))
+	rd := x.Ready()
+	var re *RemovedError
+	if len(rd.Answers) != 1 || !errors.As(rd.Answers[0].Err, &re) || re.By != "a" {
+		t.Fatalf("x allocated after its ranges were taken over: %+v", rd.Answers)
+	}
+	if rd.Removed["x"] != "a" {
+		t.Errorf("the removal is not saved: %v", rd.Removed)
+	}
+}
