@@ -49,6 +49,12 @@ type Allocator struct {
 	reserved map[Address]bool // never handed out: the universe's network and broadcast addresses
 	byKey    map[Key]Address
 	byAddr   map[Address]Key
+	// frozen: this peer started without state and does not yet know what
+	// its entries are (Peer's rejoin): it neither writes its free counts
+	// (a version bump of its own that could clash with one its lost self
+	// made) nor refuses a ring that moves its ranges away (its lost self
+	// may have given them).
+	frozen bool
 }
 
 // NewAllocator returns an allocator for self over universe, with an empty ring.
@@ -125,6 +131,9 @@ func (a *Allocator) SetRing(r *Ring) error {
 
 // refreshFree writes this peer's free counts into the ring.
 func (a *Allocator) refreshFree() bool {
+	if a.frozen {
+		return false
+	}
 	return a.ring.SetFree(a.self, a.space.FreeIn)
 }
 
@@ -245,7 +254,7 @@ func (a *Allocator) Merge(in *Ring) (changed bool, err error) {
 	if err != nil || !changed {
 		return false, err
 	}
-	if lost := rangesMinus(a.ring.Owned(a.self), r.Owned(a.self)); len(lost) > 0 {
+	if lost := rangesMinus(a.ring.Owned(a.self), r.Owned(a.self)); len(lost) > 0 && (!a.frozen || len(a.byKey) > 0) {
 		var held []string
 		for _, al := range a.Allocations() {
 			for _, rg := range lost {

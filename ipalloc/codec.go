@@ -17,12 +17,20 @@ import (
 //	name     = len(uvarint, 1..64) bytes
 //	entry    = token-delta(uvarint) peer-index(uvarint) version(uvarint) free(uvarint)
 //	ballot   = round(uvarint) name
-//	paxos    = ballot accepted-ballot(round 0 and no name: none) nvalue(uvarint) name*
+//	paxos    = ballot accepted-ballot(round 0 and no name: none) nvalue(uvarint) name* [ext]
+//	ext      = ext-version(1 byte, 1) size(uvarint, 1..10000)
+//
+// A Paxos message without ext comes from a peer that predates it (its
+// consensus size is not known, and not checked); an ext-version above 1
+// is from a newer weft and is refused with a message that says so.
 //
 // Integers are big-endian; token deltas are from the previous token (the
 // first from the universe's start).
 
 const wireFormat = 1
+
+// paxosExtVersion is the version of the fields that follow a Paxos value.
+const paxosExtVersion = 1
 
 // msgKind is the second byte of every message.
 type msgKind byte
@@ -41,12 +49,14 @@ const (
 	kindRemoveAck
 	kindHandover
 	kindHandoverAck
+	kindWithdraw
+	kindWithdrawAck
 	kindEnd // one past the last
 )
 
 // Msg is a message between the IPAM cores of two peers: one of *RingMsg,
 // *PaxosMsg, *DonateRequest, *Donation, *Denial, *Remove, *RemoveAck,
-// *Handover, *HandoverAck.
+// *Handover, *HandoverAck, *Withdraw, *WithdrawAck.
 type Msg interface {
 	kind() msgKind
 }
@@ -95,6 +105,18 @@ type HandoverAck struct {
 	Heir PeerName // empty: saved
 }
 
+// Withdraw calls off the removal of Peer that the sender started (its
+// barrier was still open, so nothing of Peer's was taken over): a peer
+// that recorded the removal by the sender forgets it, and Peer itself
+// allocates again. Answered with a WithdrawAck.
+type Withdraw struct{ Peer PeerName }
+
+// WithdrawAck acknowledges a Withdraw.
+type WithdrawAck struct{ Peer PeerName }
+
+func (*Withdraw) kind() msgKind    { return kindWithdraw }
+func (*WithdrawAck) kind() msgKind { return kindWithdrawAck }
+
 func (*RingMsg) kind() msgKind       { return kindRing }
 func (*DonateRequest) kind() msgKind { return kindDonateRequest }
 func (*Donation) kind() msgKind      { return kindDonation }
@@ -126,6 +148,10 @@ func EncodeMsg(m Msg) []byte {
 		for _, p := range m.Value {
 			b = appendName(b, p)
 		}
+		if m.Size != 0 {
+			b = append(b, paxosExtVersion)
+			b = binary.AppendUvarint(b, uint64(m.Size))
+		}
 	case *DonateRequest:
 		b = binary.AppendUvarint(b, m.ID)
 	case *Donation:
@@ -134,6 +160,10 @@ func EncodeMsg(m Msg) []byte {
 	case *Denial:
 		b = binary.AppendUvarint(b, m.ID)
 	case *Remove:
+		b = appendName(b, m.Peer)
+	case *Withdraw:
+		b = appendName(b, m.Peer)
+	case *WithdrawAck:
 		b = appendName(b, m.Peer)
 	case *RemoveAck:
 		b = appendName(b, m.Peer)
@@ -173,6 +203,18 @@ func DecodeMsg(data []byte) (Msg, error) {
 		for i := 0; i < n && d.err == nil; i++ {
 			pm.Value = append(pm.Value, d.name())
 		}
+		if d.err == nil && len(d.b) > 0 {
+			switch v := d.fixed(1)[0]; v {
+			case paxosExtVersion:
+				size := d.uvarint()
+				if d.err == nil && (size == 0 || size > maxWireValue) {
+					d.fail("paxos: consensus size %d, not 1..%d", size, maxWireValue)
+				}
+				pm.Size = uint32(size)
+			default:
+				d.fail("paxos: fields of version %d, this peer reads %d (are all peers running the same weft version?)", v, paxosExtVersion)
+			}
+		}
 		m = pm
 	case kindDonateRequest:
 		m = &DonateRequest{ID: d.uvarint()}
@@ -184,6 +226,10 @@ func DecodeMsg(data []byte) (Msg, error) {
 		m = &Denial{ID: d.uvarint()}
 	case kindRemove:
 		m = &Remove{Peer: d.name()}
+	case kindWithdraw:
+		m = &Withdraw{Peer: d.name()}
+	case kindWithdrawAck:
+		m = &WithdrawAck{Peer: d.name()}
 	case kindRemoveAck:
 		am := &RemoveAck{Peer: d.name()}
 		am.Ring = d.ring()

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 )
@@ -31,6 +32,15 @@ import (
 // Safety needs the acceptor's promise and acceptance, and the proposer's
 // last round, to be on disk before any message that depends on them leaves:
 // the caller persists HardState when Dirty says so, before it sends.
+//
+// Quorums overlap only if every participant counts the same N. Every
+// message carries the sender's N (Size), and a participant that hears of
+// another N stops taking part (Halt): peers with different N refuse each
+// other instead of each choosing with a quorum of its own and seeding two
+// rings (Weave's #3908). The N a peer voted with is saved with its promise,
+// so a restart with another N is refused too. What no message can reveal:
+// two groups with different N that never hear from each other before each
+// has chosen (a partition from the very start); see docs/ipam.md.
 
 // Ballot orders proposals: by round, then by proposer name. The zero
 // Ballot is below every real one.
@@ -83,6 +93,9 @@ type PaxosMsg struct {
 	Ballot   Ballot
 	Accepted Ballot     // Promise: the highest ballot accepted; Nack: the ballot promised
 	Value    []PeerName // Promise (of Accepted), Accept, Accepted: sorted, unique
+	// Size is the sender's consensus size N (1..maxWireValue); 0 only in
+	// a message from a peer that predates it, which is not checked.
+	Size uint32
 }
 
 func (m *PaxosMsg) kind() msgKind { return kindPrepare + msgKind(m.Type) - 1 }
@@ -101,6 +114,9 @@ func (m *PaxosMsg) validate() error {
 				return fmt.Errorf("paxos %s: ballot %s: %w", m.Type, b, err)
 			}
 		}
+	}
+	if m.Size > maxWireValue {
+		return fmt.Errorf("paxos %s: consensus size %d, at most %d", m.Type, m.Size, maxWireValue)
 	}
 	needValue := m.Type == Accept || m.Type == Accepted || (m.Type == Promise && m.Accepted.Round != 0)
 	switch {
@@ -131,6 +147,7 @@ type PaxosState struct {
 	Accepted  Ballot     `json:"accepted"`        // the highest ballot accepted
 	Value     []PeerName `json:"value,omitempty"` // its value
 	LastRound uint32     `json:"lastRound"`       // the highest round this peer proposed in
+	Size      int        `json:"size,omitempty"`  // the consensus size N it took part with (0: saved before it was recorded)
 }
 
 // PaxosOut is a message to send: To empty means every other peer.
@@ -166,6 +183,10 @@ type Paxos struct {
 	// learner
 	votes  map[Ballot]map[PeerName]bool
 	chosen []PeerName
+
+	// conflicts are the peers last heard with another consensus size:
+	// while there is one, this participant takes no part.
+	conflicts map[PeerName]int
 }
 
 // NewPaxos returns a participant for self in a cluster of expected peers,
@@ -179,8 +200,63 @@ func NewPaxos(self PeerName, expected int, hs PaxosState, t Timing, rng *rand.Ra
 		votes: map[Ballot]map[PeerName]bool{},
 	}
 	px.maxRound = max(hs.Promised.Round, hs.Accepted.Round, hs.LastRound)
+	if px.hs.Size == 0 {
+		px.hs.Size = expected // saved with the first promise or round
+	}
 	return px
 }
+
+// ConsensusSizeError is the refusal of a peer that counts another
+// consensus size: quorums of different sizes need not overlap.
+type ConsensusSizeError struct {
+	Peer          PeerName // the other peer; empty: this peer's own saved state
+	Local, Remote int
+}
+
+func (e *ConsensusSizeError) Error() string {
+	if e.Peer == "" {
+		return fmt.Sprintf("ipalloc: this peer took part in the first claim with consensus=%d (saved in its state), "+
+			"but it is started with consensus=%d; start it with --ipalloc-init consensus=%d (or the --peers list it had), "+
+			"the same N as every other peer (if no peer has claimed the ring yet and no pod runs, you may instead remove the state of every peer and start them all with one N)",
+			e.Remote, e.Local, e.Remote)
+	}
+	return fmt.Sprintf("ipalloc: %s runs the first claim with consensus=%d, but this peer with consensus=%d: "+
+		"quorums of different sizes need not overlap, and two rings could be claimed, so neither takes part until every peer "+
+		"counts the same N; give every peer the same --ipalloc-init consensus=N (or --peers lists of the same length) "+
+		"and restart the ones that differ", e.Peer, e.Remote, e.Local)
+}
+
+// CheckSize refuses a message from a peer that counts another N, and
+// halts this participant: from then on it neither proposes nor votes.
+// A later message from the same peer with this peer's N (it was restarted
+// with the right one) lifts the halt, once no other peer differs.
+func (px *Paxos) CheckSize(from PeerName, m *PaxosMsg) error {
+	if m.Size == 0 || int(m.Size) == px.expected {
+		delete(px.conflicts, from)
+		return nil
+	}
+	if px.conflicts == nil {
+		px.conflicts = map[PeerName]int{}
+	}
+	px.conflicts[from] = int(m.Size)
+	px.proposing = false
+	return &ConsensusSizeError{Peer: from, Local: px.expected, Remote: int(m.Size)}
+}
+
+// Halted reports whether this participant stopped on another peer's N.
+func (px *Paxos) Halted() bool { return len(px.conflicts) > 0 }
+
+// Conflict describes the first peer (by name) that counts another N, if any.
+func (px *Paxos) Conflict() string {
+	if len(px.conflicts) == 0 {
+		return ""
+	}
+	q := slices.Sorted(maps.Keys(px.conflicts))[0]
+	return fmt.Sprintf("first claim halted: %s counts consensus=%d, this peer %d (see the log)", q, px.conflicts[q], px.expected)
+}
+
+// Size is the consensus size N this participant counts.
+func (px *Paxos) Size() int { return px.expected }
 
 // Quorum is the number of acceptors that decide.
 func (px *Paxos) Quorum() int { return px.quorum }
@@ -207,7 +283,7 @@ func (px *Paxos) ClearDirty() { px.dirty = false }
 
 // Propose starts proposing, if this peer is not already.
 func (px *Paxos) Propose() []PaxosOut {
-	if px.proposing || px.chosen != nil {
+	if px.proposing || px.chosen != nil || px.Halted() {
 		return nil
 	}
 	px.proposing = true
@@ -232,7 +308,7 @@ func (px *Paxos) attempt() []PaxosOut {
 // Tick advances time: a proposer that has not seen its value chosen in time
 // tries again with a higher round.
 func (px *Paxos) Tick() []PaxosOut {
-	if !px.proposing || px.chosen != nil {
+	if !px.proposing || px.chosen != nil || px.Halted() {
 		return nil
 	}
 	px.elapsed++
@@ -246,6 +322,7 @@ func (px *Paxos) Tick() []PaxosOut {
 // send delivers m to this peer's own acceptor and learner at once, and
 // returns it (with what the local delivery produced) for the others.
 func (px *Paxos) send(to PeerName, m *PaxosMsg) []PaxosOut {
+	m.Size = uint32(px.expected)
 	var out []PaxosOut
 	if to == "" || to == px.self {
 		out = append(out, px.Step(px.self, m)...)
@@ -258,6 +335,9 @@ func (px *Paxos) send(to PeerName, m *PaxosMsg) []PaxosOut {
 
 // Step handles a message (already validated) from peer from.
 func (px *Paxos) Step(from PeerName, m *PaxosMsg) []PaxosOut {
+	if px.CheckSize(from, m) != nil || px.Halted() {
+		return nil
+	}
 	px.known[from] = true
 	px.maxRound = max(px.maxRound, m.Ballot.Round, m.Accepted.Round)
 	switch m.Type {

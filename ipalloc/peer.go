@@ -18,8 +18,8 @@ import (
 //
 // The contract with the shell, for every Ready, in order:
 //
-//  1. Persist: Ready.Ring, Ready.Paxos, Ready.Removed and Ready.Allocs, in
-//     one transaction (HardState.Apply shows what that means). If that
+//  1. Persist: Ready.Ring, Ready.Paxos, Ready.Removed (with
+//     Ready.Reclaimed), Ready.Members and Ready.Allocs, in one transaction (HardState.Apply shows what that means). If that
 //     fails, drop this Peer and build a new one from what is on disk: never
 //     send or answer what was not saved.
 //  2. Send: Ready.Broadcast to every peer (gossip), Ready.Messages to their
@@ -39,7 +39,15 @@ type Peer struct {
 
 	now     int64
 	known   map[PeerName]bool     // peers this one knows of (not self)
-	removed map[PeerName]PeerName // removed peer -> the peer that reclaims it
+	removed map[PeerName]PeerName // removed peer -> the peer that reclaims it (self too: see peer_removal.go)
+
+	// The durable barrier (peer_removal.go): every peer that shares this
+	// ring as far as this one ever learned, kept on disk.
+	members      map[PeerName]bool
+	membersDirty bool
+	reclaimed    map[PeerName]bool              // reclaims of this peer's that took over (on disk): no withdrawal any more
+	withdrawing  map[PeerName]map[PeerName]bool // removals withdrawn -> the peers that acknowledged
+	told         map[PeerName]int64             // removed peers heard from -> when they were told (ticks)
 
 	// Reclaims this peer runs: acks from live peers per removed peer.
 	acks        map[PeerName]map[PeerName]bool
@@ -76,6 +84,10 @@ type Peer struct {
 	found     map[Key]Address   // addresses in use on the node, to hold once owned (HoldFound)
 	foundWarn map[Key]bool      // found addresses reported as another peer's
 	refused   map[string]int64  // refusal reported -> when (ticks)
+	// rejoin: started without a ring, and has not yet heard from every
+	// owner of its ring (peer_rejoin.go): it holds back.
+	rejoin      bool
+	rejoinSaved bool // the disk says it holds back
 }
 
 // reportAgainAfter is how long (in ticks: 10 minutes with DefaultTiming's
@@ -94,7 +106,11 @@ func (e *RefusedRing) Unwrap() error { return e.Err }
 // reportRefusal logs that the ring from from was refused, unless the same
 // refusal was logged lately.
 func (p *Peer) reportRefusal(from string, err error) {
-	text := fmt.Sprintf("ipalloc: refused the ring from %s: %v", from, err)
+	p.reportOnce(fmt.Sprintf("ipalloc: refused the ring from %s: %v", from, err))
+}
+
+// reportOnce logs text as a warning, unless it was logged lately.
+func (p *Peer) reportOnce(text string) {
 	if at, ok := p.refused[text]; ok && p.now-at < reportAgainAfter {
 		return
 	}
@@ -191,8 +207,12 @@ type HardState struct {
 	Ring        *Ring
 	Paxos       PaxosState
 	Removed     map[PeerName]PeerName // removed peer -> its reclaimer
+	Reclaimed   []PeerName            // removed peers whose ranges this peer took over
+	Withdrawn   []PeerName            // removals this peer withdrew that not every member has confirmed
+	Members     []PeerName            // the peers that share this ring, sorted (the barrier of a reclaim)
 	Allocations map[Key]Address
 	Left        PeerName // the heir, once this peer has left the cluster (weft reset)
+	Rejoin      bool     // it started without a ring and holds back still (peer_rejoin.go)
 }
 
 // Apply records what rd says to persist.
@@ -206,9 +226,17 @@ func (h *HardState) Apply(rd Ready) {
 	}
 	if rd.Removed != nil {
 		h.Removed = maps.Clone(rd.Removed)
+		h.Reclaimed = slices.Clone(rd.Reclaimed)
+		h.Withdrawn = slices.Clone(rd.Withdrawn)
+	}
+	if rd.Members != nil {
+		h.Members = slices.Clone(rd.Members)
 	}
 	if rd.Left != "" {
 		h.Left = rd.Left
+	}
+	if rd.Rejoin != nil {
+		h.Rejoin = *rd.Rejoin
 	}
 	if len(rd.Allocs) > 0 && h.Allocations == nil {
 		h.Allocations = map[Key]Address{}
@@ -224,7 +252,8 @@ func (h *HardState) Apply(rd Ready) {
 
 // Clone returns a deep copy.
 func (h HardState) Clone() HardState {
-	c := HardState{Paxos: h.Paxos, Removed: maps.Clone(h.Removed), Allocations: maps.Clone(h.Allocations), Left: h.Left}
+	c := HardState{Paxos: h.Paxos, Removed: maps.Clone(h.Removed), Allocations: maps.Clone(h.Allocations), Left: h.Left,
+		Reclaimed: slices.Clone(h.Reclaimed), Withdrawn: slices.Clone(h.Withdrawn), Members: slices.Clone(h.Members), Rejoin: h.Rejoin}
 	c.Paxos.Value = slices.Clone(h.Paxos.Value)
 	if h.Ring != nil {
 		c.Ring = h.Ring.Clone()
@@ -238,8 +267,14 @@ type Ready struct {
 	Ring    *Ring                 // the whole ring, when it changed
 	Paxos   *PaxosState           // when it changed
 	Removed map[PeerName]PeerName // the whole set, when it changed
-	Allocs  []AllocChange         // in order
-	Left    PeerName              // the heir, when this peer has just left (weft reset)
+	// Reclaimed and Withdrawn go with Removed (the whole sets, whenever
+	// Removed is set).
+	Reclaimed []PeerName
+	Withdrawn []PeerName
+	Members   []PeerName    // the whole set, when it changed
+	Allocs    []AllocChange // in order
+	Left      PeerName      // the heir, when this peer has just left (weft reset)
+	Rejoin    *bool         // whether it holds back (peer_rejoin.go), when that changed
 
 	// Then send.
 	Broadcast *Ring      // gossip to every peer
@@ -252,7 +287,7 @@ type Ready struct {
 
 // Empty reports whether rd holds nothing.
 func (rd *Ready) Empty() bool {
-	return rd.Ring == nil && rd.Paxos == nil && rd.Removed == nil && len(rd.Allocs) == 0 && rd.Left == "" &&
+	return rd.Ring == nil && rd.Paxos == nil && rd.Removed == nil && rd.Members == nil && len(rd.Allocs) == 0 && rd.Left == "" && rd.Rejoin == nil &&
 		rd.Broadcast == nil && len(rd.Messages) == 0 && len(rd.Answers) == 0 && len(rd.Events) == 0
 }
 
@@ -315,14 +350,17 @@ func NewPeer(cfg PeerConfig, hs HardState) (*Peer, error) {
 	}
 	p := &Peer{
 		cfg: cfg, rng: cfg.Rand,
-		a:        NewAllocator(cfg.Self, cfg.Universe),
-		known:    map[PeerName]bool{},
-		removed:  map[PeerName]PeerName{},
-		acks:     map[PeerName]map[PeerName]bool{},
-		reported: map[PeerName]bool{},
-		tried:    map[PeerName]bool{},
-		served:   map[PeerName]uint64{},
-		gossip:   NewRing(cfg.Universe),
+		a:           NewAllocator(cfg.Self, cfg.Universe),
+		known:       map[PeerName]bool{},
+		removed:     map[PeerName]PeerName{},
+		members:     map[PeerName]bool{},
+		reclaimed:   map[PeerName]bool{},
+		withdrawing: map[PeerName]map[PeerName]bool{},
+		acks:        map[PeerName]map[PeerName]bool{},
+		reported:    map[PeerName]bool{},
+		tried:       map[PeerName]bool{},
+		served:      map[PeerName]uint64{},
+		gossip:      NewRing(cfg.Universe),
 
 		ringPeers: map[PeerName]bool{},
 		foreign:   map[PeerName]bool{},
@@ -330,6 +368,9 @@ func NewPeer(cfg PeerConfig, hs HardState) (*Peer, error) {
 	}
 	for _, n := range cfg.Peers {
 		p.AddPeer(n)
+	}
+	if hs.Ring == nil || hs.Ring.Empty() || hs.Rejoin {
+		p.rejoin, p.a.frozen, p.rejoinSaved = true, true, hs.Rejoin
 	}
 	if hs.Ring != nil && !hs.Ring.Empty() {
 		r := hs.Ring.Clone()
@@ -356,7 +397,11 @@ func NewPeer(cfg PeerConfig, hs HardState) (*Peer, error) {
 			p.acks[x] = map[PeerName]bool{}
 		}
 	}
+	p.restoreMembers(hs)
 	if cfg.Init.Consensus > 0 {
+		if n := hs.Paxos.Size; n != 0 && n != cfg.Init.Consensus && p.a.ring.Empty() {
+			return nil, &ConsensusSizeError{Local: cfg.Init.Consensus, Remote: n}
+		}
 		p.px = NewPaxos(cfg.Self, cfg.Init.Consensus, hs.Paxos, cfg.Timing, p.rng)
 	}
 	p.lastOwned = nil               // the first Ready logs what this peer owns
@@ -408,6 +453,13 @@ func (p *Peer) AddPeer(name PeerName) {
 		return
 	}
 	p.known[name] = true
+	if !p.a.ring.Empty() && p.leave == nil && p.live(name) {
+		// What memberlist's join does with the full state: a peer that
+		// started without state learns at once what it owns (and answers
+		// with its own ring, as this one is new to it).
+		p.send(name, &RingMsg{Ring: p.gossip.Clone()})
+	}
+	p.addMember(name)
 	for x := range p.acks {
 		if !p.acks[x][name] && p.live(name) {
 			p.send(name, &Remove{Peer: x})
@@ -443,7 +495,7 @@ func (p *Peer) send(to PeerName, m Msg) {
 
 // HasReady reports whether Ready would return anything.
 func (p *Peer) HasReady() bool {
-	return p.ringDirty || p.broadcast || p.removedDirty || p.leftDirty || (p.px != nil && p.px.Dirty()) || !p.rd.Empty()
+	return p.ringDirty || p.broadcast || p.removedDirty || p.membersDirty || p.leftDirty || (p.px != nil && p.px.Dirty()) || !p.rd.Empty()
 }
 
 // Ready returns what to persist, send and answer, in that order (see Peer),
@@ -468,11 +520,27 @@ func (p *Peer) Ready() Ready {
 	}
 	if p.removedDirty {
 		rd.Removed = maps.Clone(p.removed)
+		rd.Reclaimed = slices.Sorted(maps.Keys(p.reclaimed))
+		rd.Withdrawn = slices.Sorted(maps.Keys(p.withdrawing))
 		p.removedDirty = false
+	}
+	if p.membersDirty {
+		rd.Members = slices.Sorted(maps.Keys(p.members))
+		if rd.Members == nil {
+			rd.Members = []PeerName{}
+		}
+		p.membersDirty = false
 	}
 	if p.leftDirty {
 		rd.Left = p.leave.heir
 		p.leftDirty = false
+	}
+	if rd.Ring != nil && p.rejoin && !rd.Ring.Empty() && !p.rejoinSaved {
+		// With the first ring it saves: a restart holds back too.
+		rd.Rejoin, p.rejoinSaved = new(true), true
+	}
+	if !p.rejoin && p.rejoinSaved {
+		rd.Rejoin, p.rejoinSaved = new(false), false
 	}
 	return rd
 }
@@ -541,6 +609,7 @@ func (p *Peer) mergeRing(r *Ring, from string) error {
 	if !changed {
 		return nil
 	}
+	p.addOwners()
 	p.ringChanged(before == 0 || !slices.Equal(p.a.Owned(), p.lastOwned))
 	p.completeReclaims()
 	p.holdFound()
@@ -564,11 +633,15 @@ func (p *Peer) Step(from PeerName, m Msg) error {
 			p.send(from, &HandoverAck{ID: h.ID})
 			return nil
 		}
+		p.tellRemoved(from)
 		return fmt.Errorf("%w %s (removed by %s)", ErrRemovedPeer, from, by)
 	}
 	p.AddPeer(from)
 	if p.leave != nil {
 		return p.stepLeft(from, m)
+	}
+	if p.removedErr() != nil {
+		return p.stepRemovedSelf(from, m)
 	}
 	var err error
 	var ring *Ring // the sender's ring, if the message carries one
@@ -591,6 +664,10 @@ func (p *Peer) Step(from PeerName, m Msg) error {
 		ring, err = m.Ring, p.stepHandover(from, m)
 	case *HandoverAck:
 		p.stepHandoverAck(from, m)
+	case *Withdraw:
+		p.stepWithdraw(from, m)
+	case *WithdrawAck:
+		p.stepWithdrawAck(from, m)
 	default:
 		return fmt.Errorf("%w: unexpected %T", ErrBadMessage, m)
 	}
@@ -598,6 +675,9 @@ func (p *Peer) Step(from PeerName, m Msg) error {
 	case err == nil && ring != nil && !ring.Empty() && !p.a.ring.Empty():
 		p.ringPeers[from] = true
 		delete(p.foreign, from)
+		p.checkRejoin()
+	case errors.Is(err, ErrRangeTaken) && ring != nil:
+		p.takenOver(from, ring)
 	case errors.Is(err, ErrSplitRing) && !p.foreign[from]:
 		// A peer of another ring never acknowledges this ring's removals,
 		// takes no donation from it and cannot be its heir: waiting for it
@@ -624,6 +704,10 @@ func (p *Peer) stepPaxos(from PeerName, m *PaxosMsg) error {
 	}
 	if p.px == nil {
 		return nil // observers and seed peers do not vote
+	}
+	if err := p.px.CheckSize(from, m); err != nil {
+		p.reportOnce(fmt.Sprintf("refused a %s: %v", m.Type, err))
+		return err
 	}
 	p.paxosOut(p.px.Step(from, m))
 	return nil
@@ -679,6 +763,7 @@ func (p *Peer) Tick() {
 		for x := range p.acks {
 			p.sendRemoves(x)
 		}
+		p.tickWithdraws()
 	}
 	if p.freeGossip && p.now%int64(p.cfg.Timing.GossipEvery) == 0 {
 		p.broadcast = true
@@ -690,6 +775,10 @@ func (p *Peer) Tick() {
 // peer has space, later when it must wait for the first claim or a
 // donation, or an error after Timing.AllocDeadline ticks.
 func (p *Peer) Allocate(k Key) {
+	if err := p.removedErr(); err != nil { // also for a key it holds: its address may be another's now
+		p.rd.Answers = append(p.rd.Answers, Answer{Key: k, Err: err})
+		return
+	}
 	if addr, ok := p.a.Lookup(k); ok {
 		p.rd.Answers = append(p.rd.Answers, Answer{Key: k, Address: addr})
 		return
@@ -710,6 +799,16 @@ func (p *Peer) Allocate(k Key) {
 // serve hands out addresses to waiting allocations, in order, and asks for
 // space for the rest.
 func (p *Peer) serve() {
+	if err := p.removedErr(); err != nil {
+		for _, w := range p.pending {
+			p.rd.Answers = append(p.rd.Answers, Answer{Key: w.key, Err: err})
+		}
+		p.pending = nil
+		return
+	}
+	if p.rejoin && !p.a.ring.Empty() {
+		return // it does not know yet what it owns (peer_rejoin.go)
+	}
 	for len(p.pending) > 0 {
 		k := p.pending[0].key
 		addr, _, err := p.a.Allocate(k)
@@ -743,6 +842,7 @@ func (p *Peer) Release(k Key) {
 			return
 		}
 	}
+	delete(p.found, k) // a pod found on the node, gone before it was held again
 	if addr, ok := p.a.Release(k); ok {
 		p.rd.Allocs = append(p.rd.Allocs, AllocChange{Key: k, Address: addr})
 		p.ringChanged(false)
@@ -751,17 +851,20 @@ func (p *Peer) Release(k Key) {
 
 // PeerStatus is the operator's view of this peer's IPAM.
 type PeerStatus struct {
-	Claimed  bool // the ring has owners
-	Observer bool
-	Quorum   int // consensus: the quorum, and the peers heard from
-	Known    int
-	Owned    uint64 // addresses owned here
-	Free     uint64
-	Waiting  int                     // allocations waiting for space
-	Reclaims map[PeerName][]PeerName // peer being removed -> live peers that have not acknowledged yet
-	Left     bool                    // this peer has left the cluster (weft reset)
-	Heir     PeerName                // to which peer it handed its ranges
-	HandedOn bool                    // the heir has saved them
+	Claimed   bool // the ring has owners
+	Observer  bool
+	Quorum    int // consensus: the quorum, and the peers heard from
+	Known     int
+	Owned     uint64 // addresses owned here
+	Free      uint64
+	Waiting   int                     // allocations waiting for space
+	Reclaims  map[PeerName][]PeerName // peer being removed -> live peers that have not acknowledged yet
+	RemovedBy PeerName                // this peer was removed (rmpeer, or its Node deleted) by that peer
+	Left      bool                    // this peer has left the cluster (weft reset)
+	Heir      PeerName                // to which peer it handed its ranges
+	HandedOn  bool                    // the heir has saved them
+	Rejoin    string                  // why a peer that started without state holds back; empty: it does not
+	Conflict  string                  // why the first claim is halted (another peer's consensus size); empty: it is not
 }
 
 // Status returns the current status.
@@ -770,18 +873,16 @@ func (p *Peer) Status() PeerStatus {
 	s := PeerStatus{Claimed: !p.a.ring.Empty(), Observer: p.cfg.Init.Observer, Owned: st.Owned, Free: st.Free, Waiting: len(p.pending)}
 	if p.px != nil {
 		s.Quorum, s.Known = p.px.Quorum(), p.px.Known()
+		s.Conflict = p.px.Conflict()
 	}
 	s.Left, s.Heir, s.HandedOn = p.Leaving()
-	for x, acked := range p.acks {
+	s.Rejoin = p.rejoinStatus()
+	s.RemovedBy = p.removed[p.cfg.Self]
+	for x := range p.acks {
 		if s.Reclaims == nil {
 			s.Reclaims = map[PeerName][]PeerName{}
 		}
-		s.Reclaims[x] = []PeerName{}
-		for _, q := range p.livePeers() {
-			if !acked[q] {
-				s.Reclaims[x] = append(s.Reclaims[x], q)
-			}
-		}
+		s.Reclaims[x] = p.waitingFor(x)
 	}
 	return s
 }
@@ -796,10 +897,16 @@ func (s PeerStatus) String() string {
 		return fmt.Sprintf("left the cluster (weft reset): ranges handed to %s", s.Heir)
 	case s.Left:
 		return fmt.Sprintf("left the cluster (weft reset): waiting for %s to confirm the handover of its ranges", s.Heir)
+	case s.RemovedBy != "":
+		return fmt.Sprintf("removed from the cluster by %s: allocates nothing; run weft reset --force on this node and restart it to join again", s.RemovedBy)
+	case !s.Claimed && s.Conflict != "":
+		return s.Conflict
 	case !s.Claimed && s.Quorum > 0:
 		return fmt.Sprintf("awaiting consensus (quorum: %d, known: %d)", s.Quorum, s.Known)
 	case !s.Claimed:
 		return "waiting for the ring from a peer"
+	case s.Rejoin != "":
+		return s.Rejoin
 	case s.Owned == 0 || s.Waiting > 0:
 		return "waiting for space"
 	}

@@ -67,7 +67,7 @@ func (p *Peer) tickDonation() {
 }
 
 func (p *Peer) stepDonateRequest(from PeerName, m *DonateRequest) {
-	if p.a.ring.Empty() {
+	if p.a.ring.Empty() || p.rejoin || p.removedErr() != nil { // a removed peer's ranges are being taken over
 		p.send(from, &Denial{ID: m.ID})
 		return
 	}

@@ -79,12 +79,7 @@ func (p *Peer) Leave(alive func(PeerName) bool, force bool) (LeaveResult, error)
 		if p.removed[x] != p.cfg.Self {
 			continue
 		}
-		var waiting []string
-		for _, q := range p.livePeers() {
-			if !p.acks[x][q] {
-				waiting = append(waiting, string(q))
-			}
-		}
+		waiting := names(p.waitingFor(x))
 		if len(waiting) > 0 {
 			return LeaveResult{}, fmt.Errorf("this peer is taking over the ranges of %s (rmpeer) and waits for %s: "+
 				"wait until that is done (weft status ipam), or rmpeer those peers too if they are gone", x, strings.Join(waiting, ", "))
@@ -108,6 +103,12 @@ func (p *Peer) Leave(alive func(PeerName) bool, force bool) (LeaveResult, error)
 		}
 	}
 	heir, ok := p.pickHeir(alive)
+	removedBy, removed := p.removed[p.cfg.Self]
+	if removed {
+		// Its reclaimer takes over whatever it owns: nothing to hand
+		// over, and nobody would listen to a Handover anyway.
+		heir, ok = "", true
+	}
 	if !ok && !p.a.ring.Empty() {
 		others := slices.DeleteFunc(p.a.ring.Peers(), func(q PeerName) bool { return q == p.cfg.Self })
 		if len(others) > 0 || len(p.livePeers()) > 0 {
@@ -129,6 +130,10 @@ func (p *Peer) Leave(alive func(PeerName) bool, force bool) (LeaveResult, error)
 	p.leftDirty = true
 	p.ringChanged(!p.a.ring.Empty())
 	switch {
+	case removed:
+		p.event(false, "ipalloc: leaving the cluster (weft reset) after %s removed this peer: %s takes over its ranges; %d allocations dropped",
+			removedBy, removedBy, len(res.Dropped))
+		return res, nil
 	case heir == "" && p.a.ring.Empty():
 		p.event(false, "ipalloc: leaving the cluster (weft reset) before the ring was claimed: nothing to hand over; "+
 			"if the first claim names this peer, run weft rmpeer %s on another peer", p.cfg.Self)
@@ -307,7 +312,7 @@ func (p *Peer) HoldFound(found map[Key]Address) {
 
 // holdFound holds the found addresses that are this peer's now.
 func (p *Peer) holdFound() {
-	if len(p.found) == 0 || p.a.ring.Empty() || p.leave != nil {
+	if len(p.found) == 0 || p.a.ring.Empty() || p.leave != nil || p.rejoin || p.removedErr() != nil {
 		return
 	}
 	for _, k := range slices.SortedFunc(maps.Keys(p.found), Key.Compare) {

@@ -12,10 +12,12 @@ import (
 // peer too. So the takeover waits behind a barrier:
 //
 //  1. This peer records X as removed (on disk, before anything is sent)
-//     and sends Remove{X} to every live peer it knows.
+//     and sends Remove{X} to every member of the ring (peer_removal.go:
+//     every peer that shares it as far as this one ever learned, on disk)
+//     that is not removed itself.
 //  2. A peer that gets Remove{X} records it (on disk), from then on refuses
 //     every message from X, and answers RemoveAck with its ring.
-//  3. Once every live peer has answered, this peer has merged every change
+//  3. Once every such member has answered, this peer has merged every change
 //     of X's that any live peer holds, and no live peer will take another
 //     one. Only then does it take over X's entries that are left, each at
 //     its version plus one (Ring.Reclaim), which wins everywhere.
@@ -26,6 +28,8 @@ import (
 // once, the one with the lower name does it; the other leaves it. If the
 // reclaimer dies before it is done, rmpeer it, and then X again on another
 // peer, which takes the job over.
+// While the barrier is open, the reclaim can be withdrawn (Withdraw, in
+// peer_removal.go).
 //
 // The one thing the barrier cannot see is a message from another dead
 // peer, still in flight, that carries news of X's: remove peers only once
@@ -44,6 +48,9 @@ func (p *Peer) PeerGone(x PeerName) error {
 	if p.leave != nil {
 		return fmt.Errorf("rmpeer %s: %w; run rmpeer on a peer that is still in it", x, ErrLeft)
 	}
+	if err := p.removedErr(); err != nil {
+		return fmt.Errorf("rmpeer %s: %w", x, err)
+	}
 	if by, ok := p.removed[x]; ok {
 		if by == p.cfg.Self {
 			return nil
@@ -53,24 +60,17 @@ func (p *Peer) PeerGone(x PeerName) error {
 		}
 		// Its reclaimer was removed too: this peer takes the job over.
 	}
-	p.event(false, "ipalloc: rmpeer of %s: waiting for %d live peers to stop listening to it before taking over its ranges", x, len(p.livePeers()))
+	p.event(false, "ipalloc: rmpeer of %s: waiting for %d peers that share this ring to stop listening to it before taking over its ranges", x, len(p.barrier(x)))
 	p.startRemoval(x)
 	return nil
-}
-
-// ReclaimingError is an error of PeerGone: another live peer is taking
-// over Peer's ranges already (it finishes the job; it is not this peer's
-// to do).
-type ReclaimingError struct{ Peer, By PeerName }
-
-func (e *ReclaimingError) Error() string {
-	return fmt.Sprintf("rmpeer %s: %s is taking over its ranges already (if %s is gone too, rmpeer it first)", e.Peer, e.By, e.By)
 }
 
 // startRemoval records x as removed by this peer and starts the barrier.
 func (p *Peer) startRemoval(x PeerName) {
 	p.removed[x] = p.cfg.Self
 	p.removedDirty = true
+	p.addMember(x)
+	delete(p.withdrawing, x)
 	p.acks[x] = map[PeerName]bool{}
 	p.forget(x)
 	p.sendRemoves(x)
@@ -90,12 +90,16 @@ func (p *Peer) forget(x PeerName) {
 	}
 }
 
-// sendRemoves sends Remove{x} to every live peer that has not acknowledged.
+// sendRemoves sends Remove{x} to every member of x's barrier that has not
+// acknowledged, and, while any has not, to x itself: if it is alive after
+// all, it stops allocating at once (peer_removal.go).
 func (p *Peer) sendRemoves(x PeerName) {
-	for _, q := range p.livePeers() {
-		if !p.acks[x][q] {
-			p.send(q, &Remove{Peer: x})
-		}
+	waiting := p.waitingFor(x)
+	for _, q := range waiting {
+		p.send(q, &Remove{Peer: x})
+	}
+	if len(waiting) > 0 {
+		p.send(x, &Remove{Peer: x})
 	}
 }
 
@@ -106,8 +110,7 @@ func (p *Peer) stepRemove(from PeerName, m *Remove) {
 		return
 	}
 	if x == p.cfg.Self {
-		p.event(true, "ipalloc: %s is removing this peer (weft rmpeer) and will take over its ranges: "+
-			"if this peer is alive, that was a mistake, and addresses may be handed out twice", from)
+		p.removeSelf(from)
 		return
 	}
 	cur, ok := p.removed[x]
@@ -133,6 +136,11 @@ func (p *Peer) stepRemove(from PeerName, m *Remove) {
 func (p *Peer) stepRemoveAck(from PeerName, m *RemoveAck) error {
 	acked, ok := p.acks[m.Peer]
 	if !ok {
+		if _, removes := p.removed[m.Peer]; !removes {
+			// A Remove that overtook this peer's Withdraw, or came after
+			// it: from recorded a removal that was called off.
+			p.send(from, &Withdraw{Peer: m.Peer})
+		}
 		return nil
 	}
 	if err := p.mergeRing(m.Ring, string(from)); err != nil {
@@ -147,6 +155,12 @@ func (p *Peer) stepRemoveAck(from PeerName, m *RemoveAck) error {
 // once the barrier is complete. It stays complete: ranges that such a peer
 // gets later (the first claim, if it names it) are taken at once.
 func (p *Peer) completeReclaims() {
+	if p.rejoin {
+		// Its view of the ring may be stale (peer_rejoin.go); a removal
+		// may also end the wait.
+		p.checkRejoin()
+		return
+	}
 	xs := make([]PeerName, 0, len(p.acks))
 	for x := range p.acks {
 		xs = append(xs, x)
@@ -158,19 +172,20 @@ func (p *Peer) completeReclaims() {
 			delete(p.acks, x)
 			continue
 		}
-		waiting := 0
-		for _, q := range p.livePeers() {
-			if !p.acks[x][q] {
-				waiting++
-			}
-		}
-		if waiting > 0 {
+		if len(p.waitingFor(x)) > 0 {
 			continue
 		}
 		n, err := p.a.Reclaim(x)
 		if err != nil {
 			p.event(true, "ipalloc: rmpeer of %s: %v", x, err)
 			continue
+		}
+		if !p.reported[x] {
+			p.send(x, &Remove{Peer: x}) // once more, in case it is alive
+		}
+		if !p.reclaimed[x] {
+			p.reclaimed[x] = true // no withdrawal from now on
+			p.removedDirty = true
 		}
 		switch {
 		case p.departed[x] && n > 0:

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 )
@@ -244,10 +245,12 @@ func (r *Ring) Shares() []Share {
 
 // SetFree records peer's free count for the entries it owns, bumping the
 // version of each entry whose count changed. free maps a token to its count.
+// An entry at the highest version keeps its count: a wrapped version would
+// lose to every older copy of it (the count is only a hint for donors).
 func (r *Ring) SetFree(peer PeerName, free func(Range) uint32) (changed bool) {
 	for i := range r.Entries {
 		e := &r.Entries[i]
-		if e.Peer != peer {
+		if e.Peer != peer || e.Version == math.MaxUint32 {
 			continue
 		}
 		if f := free(r.rangeOf(i)); f != e.Free {

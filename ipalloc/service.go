@@ -24,7 +24,11 @@ const (
 	keyRing           = "ring"
 	keyPaxos          = "paxos"
 	keyRemoved        = "removed"
+	keyReclaimed      = "reclaimed"
+	keyWithdrawn      = "withdrawn"
+	keyMembers        = "members"
 	keyLeft           = "left"
+	keyRejoin         = "rejoin"
 )
 
 // TickInterval is the length of one core tick (DefaultTiming assumes it).
@@ -106,6 +110,7 @@ type Service struct {
 	out     chan outgoing         // to routineSend
 	tr      Transport
 	broken  error           // set when the state could not be saved nor reloaded
+	saved   *Ring           // the ring on disk: the only one offered in a full-state exchange
 	leaving []chan struct{} // callers of Leave waiting for the heir
 
 	ringChanged chan struct{} // signalled (coalesced) after a ring change is saved
@@ -220,6 +225,27 @@ func (s *Service) load() error {
 				return fmt.Errorf("the removed peers saved in %s are unreadable: %w", s.db.Path(), err)
 			}
 		}
+		hs.Rejoin = string(b.Get([]byte(keyRejoin))) == "1"
+		if data := b.Get([]byte(keyReclaimed)); len(data) > 0 {
+			if err := json.Unmarshal(data, &hs.Reclaimed); err != nil {
+				return fmt.Errorf("the finished reclaims saved in %s are unreadable: %w", s.db.Path(), err)
+			}
+		}
+		if data := b.Get([]byte(keyWithdrawn)); len(data) > 0 {
+			if err := json.Unmarshal(data, &hs.Withdrawn); err != nil {
+				return fmt.Errorf("the withdrawn removals saved in %s are unreadable: %w", s.db.Path(), err)
+			}
+		}
+		if data := b.Get([]byte(keyMembers)); len(data) > 0 {
+			if err := json.Unmarshal(data, &hs.Members); err != nil {
+				return fmt.Errorf("the peers of the ring saved in %s are unreadable: %w", s.db.Path(), err)
+			}
+			for _, q := range hs.Members {
+				if err := ValidatePeerName(q); err != nil {
+					return fmt.Errorf("the peers of the ring saved in %s: %w", s.db.Path(), err)
+				}
+			}
+		}
 		if data := b.Get([]byte(keyLeft)); len(data) > 0 {
 			hs.Left = PeerName(data)
 			if err := ValidatePeerName(hs.Left); err != nil {
@@ -279,6 +305,10 @@ func (s *Service) load() error {
 		return err
 	}
 	s.p, s.meta = p, meta
+	s.saved = NewRing(RangeOf(s.universe))
+	if hs.Ring != nil {
+		s.saved = p.Gossip() // the saved ring (with the seed of a ring saved before seeds)
+	}
 	for k := range meta {
 		if _, ok := p.Lookup(k); !ok {
 			delete(s.meta, k) // not restored (reported by the core)
@@ -322,6 +352,7 @@ func (s *Service) flushLocked() error {
 			return err
 		}
 		if rd.Ring != nil {
+			s.saved = rd.Ring.Clone()
 			select {
 			case s.ringChanged <- struct{}{}:
 			default:
@@ -374,7 +405,7 @@ func (s *Service) queue(o outgoing) {
 
 // persistLocked writes what rd says to persist, in one transaction.
 func (s *Service) persistLocked(rd Ready) error {
-	if rd.Ring == nil && rd.Paxos == nil && rd.Removed == nil && len(rd.Allocs) == 0 && rd.Left == "" {
+	if rd.Ring == nil && rd.Paxos == nil && rd.Removed == nil && rd.Members == nil && len(rd.Allocs) == 0 && rd.Left == "" && rd.Rejoin == nil {
 		return nil
 	}
 	now := s.cfg.Now().UTC()
@@ -404,9 +435,31 @@ func (s *Service) persistLocked(rd Ready) error {
 			if err := put(keyRemoved, rd.Removed); err != nil {
 				return err
 			}
+			if err := put(keyReclaimed, rd.Reclaimed); err != nil {
+				return err
+			}
+			if err := put(keyWithdrawn, rd.Withdrawn); err != nil {
+				return err
+			}
+		}
+		if rd.Members != nil {
+			if err := put(keyMembers, rd.Members); err != nil {
+				return err
+			}
 		}
 		if rd.Left != "" {
 			if err := ipam.Put([]byte(keyLeft), []byte(rd.Left)); err != nil {
+				return err
+			}
+		}
+		if rd.Rejoin != nil {
+			var err error
+			if *rd.Rejoin {
+				err = ipam.Put([]byte(keyRejoin), []byte("1"))
+			} else {
+				err = ipam.Delete([]byte(keyRejoin))
+			}
+			if err != nil {
 				return err
 			}
 		}
@@ -515,11 +568,13 @@ func (s *Service) Step(from PeerName, data []byte) error {
 	return err
 }
 
-// LocalState is this peer's ring as saved, for a full-state exchange.
+// LocalState is this peer's ring as saved, for a full-state exchange: the
+// ring of the last Ready whose save succeeded (or the one loaded), never
+// one whose save failed, also when the state could not be reloaded.
 func (s *Service) LocalState() []byte {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return EncodeMsg(&RingMsg{Ring: s.p.Gossip()})
+	return EncodeMsg(&RingMsg{Ring: s.saved.Clone()})
 }
 
 // AddPeer tells the core about a member of the mesh.
@@ -530,6 +585,40 @@ func (s *Service) AddPeer(name PeerName) {
 	if err := s.flushLocked(); err != nil {
 		s.log.Error("ipalloc: adding a peer", "err", err)
 	}
+}
+
+// AddMembers tells the core about peers that share this ring whether or
+// not the mesh sees them (Peer.AddMember; in --kube mode, the peers
+// registered in the ConfigMap). It returns once they are on disk.
+func (s *Service) AddMembers(names []PeerName) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var errs []error
+	for _, q := range names {
+		if q != s.cfg.Self {
+			errs = append(errs, s.p.AddMember(q))
+		}
+	}
+	return errors.Join(append(errs, s.flushLocked())...)
+}
+
+// Withdraw calls off this peer's reclaim of name while its barrier is open
+// (Peer.Withdraw); it returns once that is on disk.
+func (s *Service) Withdraw(name PeerName) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.p.Withdraw(name); err != nil {
+		return err
+	}
+	return s.flushLocked()
+}
+
+// Reclaiming reports whether this peer reclaims name (its removal is this
+// peer's), and whether that reclaim has taken over already.
+func (s *Service) Reclaiming(name PeerName) (reclaiming, done bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.p.Reclaiming(name)
 }
 
 // PeerGone starts the reclaim of a peer that is gone for good (weft rmpeer);
@@ -556,6 +645,10 @@ func (s *Service) Universe() netip.Prefix { return s.universe }
 // for the first claim or for a donation.
 func (s *Service) Allocate(ctx context.Context, k Key, m Meta) (netip.Addr, bool, error) {
 	s.mu.Lock()
+	if err := s.p.removedErr(); err != nil {
+		s.mu.Unlock()
+		return netip.Addr{}, false, fmt.Errorf("allocating for %s: %w", k, err)
+	}
 	if addr, ok := s.p.Lookup(k); ok {
 		s.mu.Unlock()
 		return addr.Addr(), false, nil

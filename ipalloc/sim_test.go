@@ -18,19 +18,47 @@ import (
 // The deterministic simulation of many peers (etcd raft's test network in
 // spirit): every schedule is a seeded random sequence of steps over a
 // simulated network that drops, delays, reorders and duplicates messages,
-// partitions and heals, crashes peers and restarts them from what their
-// Ready said to persist (and nothing else), crashes some for good and
-// removes them with rmpeer, while a workload allocates and releases. After
-// every step it checks that no address is held by two keys anywhere and
-// that every held address is inside a range its holder owns; at the end,
-// after healing, that the rings converge and that every peer gets an
-// address when there is space.
+// partitions (both ways, and one way only) and heals, crashes peers and
+// restarts them from what their Ready said to persist (and nothing else)
+// knowing only the peers that are up and reachable, wipes a peer's disk
+// (it comes back under its name, with its pods still running and found on
+// its bridge, or under a new name), adds peers mid-run (some with another
+// seed list, a joiner of another cluster), starts some schedules with one
+// peer that counts another consensus size (fixed by the operator later),
+// crashes some for good and removes them with rmpeer, and lets some leave
+// (weft reset), while a workload allocates and releases. After every step
+// it checks:
+//
+//   - no address is held twice: by two keys in the peers' memory and disks,
+//     nor by two containers (the pods' own view, which outlives a wipe);
+//   - every held address is inside a range its holder owns in its own ring;
+//   - at most one live peer owns each address in its own ring (peers of
+//     one seed; a peer that holds back after starting without state owns
+//     nothing yet, see peer_rejoin.go);
+//   - no two peers hold the same token and version with different content;
+//   - no peer allocates once it knows it is removed;
+//   - no message is refused, except those the fault explains (a removed
+//     peer's, another consensus size's, a ring of another seed list's);
+//
+// and at the end, after healing, that the rings converge and that every
+// peer gets an address when there is space.
+//
+// What the model does NOT model (see docs/ipam.md#simulation): the
+// Service shell and its database (a failed save; tested in service tests),
+// Kubernetes (the ConfigMap, Node deletion), CNI GC (a Service test), time
+// beyond ticks (every peer ticks at one rate), a restored backup of a disk
+// (a stale disk; see docs/ipam.md#lost-disk), bit flips on the wire or on
+// disk (the fuzzers), more than one fault of configuration at a time, and
+// two groups with different consensus sizes that each reach their own
+// quorum before hearing from each other (not preventable by messages).
 
 var (
 	simSeed      = flag.Uint64("ipalloc.sim.seed", 0, "run only the simulation schedule with this seed, with a trace of its steps")
 	simSchedules = flag.Int("ipalloc.sim.schedules", 0, "number of simulation schedules (default 300, 40 with -short)")
 	simSteps     = flag.Int("ipalloc.sim.steps", 0, "steps per simulation schedule (default 1500, 600 with -short)")
 	simFirst     = flag.Uint64("ipalloc.sim.first", 1, "seed of the first simulation schedule")
+	simFaults    = flag.String("ipalloc.sim.faults", "oneway,partialview,join,rename,mixedsize", "faults of the hard simulation to inject (comma-separated; also: wipe, otherseeds, all)")
+	simRmLive    = flag.Bool("ipalloc.sim.rmlive", true, "also rmpeer live peers cut off from the rest (a Node deleted while its router is cut off): it must stop allocating once it knows")
 )
 
 // simCounts adds up what the schedules did.
@@ -40,6 +68,7 @@ type simCounts struct {
 	Crashes, CrashesMidReady, Restarts, Deaths, Partitions      int64
 	Donations, Reclaims, ReclaimedIPs, Claims, Violations, Msgs int64
 	Leaves, LeavesRefused, LeavesDone                           int64
+	Wipes, Renamed, Joins, OneWay, Mixed, Expected              int64
 }
 
 func (c *simCounts) add(o *simCounts) {
@@ -50,6 +79,8 @@ func (c *simCounts) add(o *simCounts) {
 		{&c.Restarts, &o.Restarts}, {&c.Deaths, &o.Deaths}, {&c.Partitions, &o.Partitions}, {&c.Donations, &o.Donations},
 		{&c.Reclaims, &o.Reclaims}, {&c.ReclaimedIPs, &o.ReclaimedIPs}, {&c.Claims, &o.Claims}, {&c.Violations, &o.Violations},
 		{&c.Msgs, &o.Msgs}, {&c.Leaves, &o.Leaves}, {&c.LeavesRefused, &o.LeavesRefused}, {&c.LeavesDone, &o.LeavesDone},
+		{&c.Wipes, &o.Wipes}, {&c.Renamed, &o.Renamed}, {&c.Joins, &o.Joins}, {&c.OneWay, &o.OneWay}, {&c.Mixed, &o.Mixed},
+		{&c.Expected, &o.Expected},
 	} {
 		atomic.AddInt64(f.a, *f.b)
 	}
@@ -59,11 +90,13 @@ func (c *simCounts) String() string {
 	return fmt.Sprintf("schedules %d, steps %d, messages %d sent / %d delivered / %d dropped / %d duplicated / %d refused, "+
 		"allocations %d (releases %d, failed for want of space or quorum %d, lost to a crash %d), "+
 		"crashes %d (%d between persisting and sending), restarts %d, crashed for good %d, partitions %d, "+
-		"donations %d, reclaims %d (%d IPs), first claims %d, leaves %d (refused %d, confirmed and gone %d), violations %d",
+		"donations %d, reclaims %d (%d IPs), first claims %d, leaves %d (refused %d, confirmed and gone %d), "+
+		"disks wiped %d (back under a new name %d), joins mid-run %d, one-way cuts %d, mixed configurations %d (refusals they explain %d), violations %d",
 		c.Schedules, c.Steps, c.Msgs, c.Delivered, c.Dropped, c.Duplicated, c.Refused,
 		c.Allocations, c.Releases, c.Failed, c.Lost,
 		c.Crashes, c.CrashesMidReady, c.Restarts, c.Deaths, c.Partitions,
-		c.Donations, c.Reclaims, c.ReclaimedIPs, c.Claims, c.Leaves, c.LeavesRefused, c.LeavesDone, c.Violations)
+		c.Donations, c.Reclaims, c.ReclaimedIPs, c.Claims, c.Leaves, c.LeavesRefused, c.LeavesDone,
+		c.Wipes, c.Renamed, c.Joins, c.OneWay, c.Mixed, c.Expected, c.Violations)
 }
 
 var simTiming = Timing{PaxosRetry: 6, PaxosPatience: 15, DonationRetry: 6, AllocDeadline: 150, RemoveRetry: 8, GossipEvery: 3}
@@ -77,6 +110,11 @@ type simPeer struct {
 	removed bool      // removed with rmpeer by some live peer
 	left    bool      // left with weft reset, confirmed, and gone
 	rmpeers int       // times the operator ran rmpeer of it
+
+	found        map[Key]Address // its pods' addresses after its disk was wiped, until it holds them again
+	knowsRemoved bool            // it has received a Remove of itself
+	oddSize      int             // consensus: the size the operator wrongly gave it (0: none); fixed later
+	otherSeeds   bool            // seed list of another cluster: its ring is refused, it never allocates
 }
 
 // leaving reports whether sp is up but has left the cluster (weft reset)
@@ -94,15 +132,47 @@ type simMsg struct {
 	data     []byte
 }
 
+// simFault reports whether a fault kind is on (-ipalloc.sim.faults).
+func simFault(kind string) bool {
+	for _, f := range strings.Split(*simFaults, ",") {
+		if f == kind || f == "all" {
+			return true
+		}
+	}
+	return false
+}
+
+func simWeight(kind string) int {
+	if simFault(kind) {
+		return 1
+	}
+	return 0
+}
+
+type simVersion struct {
+	seed    Seed
+	token   Address
+	version uint32
+}
+
+type simEntry struct {
+	peer PeerName
+	free uint32
+	who  PeerName // the first peer seen holding it
+}
+
 type sim struct {
-	seed  uint64
-	rng   *rand.Rand
-	u     Range
-	peers []*simPeer
-	by    map[PeerName]*simPeer
-	net   []simMsg
-	group map[PeerName]int // partition: peers in different groups cannot talk
-	quiet bool             // no faults (the final phase)
+	seed   uint64
+	rng    *rand.Rand
+	u      Range
+	peers  []*simPeer
+	by     map[PeerName]*simPeer
+	net    []simMsg
+	group  map[PeerName]int        // partition: peers in different groups cannot talk
+	oneway map[[2]PeerName]bool    // cut from -> to only
+	quiet  bool                    // no faults (the final phase)
+	seen   map[simVersion]simEntry // scratch for checkRings
+	base   Init                    // the cluster's configuration
 
 	held    map[Key]Address  // answered and not released: what the containers hold
 	holder  map[Key]PeerName // the peer each held or waiting key was asked of
@@ -138,7 +208,7 @@ func (s *sim) fail(format string, args ...any) {
 func newSim(seed uint64, verbose bool) *sim {
 	s := &sim{
 		seed: seed, rng: rand.New(rand.NewPCG(seed, seed*0x9e3779b97f4a7c15+1)),
-		by: map[PeerName]*simPeer{}, group: map[PeerName]int{},
+		by: map[PeerName]*simPeer{}, group: map[PeerName]int{}, oneway: map[[2]PeerName]bool{}, seen: map[simVersion]simEntry{},
 		held: map[Key]Address{}, holder: map[Key]PeerName{}, waiting: map[Key]bool{},
 		verbose: verbose,
 	}
@@ -176,6 +246,15 @@ func newSim(seed uint64, verbose bool) *sim {
 		s.peers = append(s.peers, sp)
 		s.by[nm] = sp
 	}
+	s.base = s.peers[0].init
+	if odd := s.peers[n-1]; odd.init.Consensus > 0 && s.rng.IntN(8) == 0 && simFault("mixedsize") {
+		// The operator gave one peer another N (a longer --peers list):
+		// more than its share, so that it cannot choose alone.
+		odd.oddSize = odd.init.Consensus + 1 + s.rng.IntN(3)
+		odd.init.Consensus = odd.oddSize
+		s.c.Mixed++
+		s.tracef("%s counts consensus=%d, the others %d", odd.name, odd.oddSize, s.base.Consensus)
+	}
 	// Enough peers stay alive for a quorum and for two peers at least.
 	s.maxDie = min(quorumOf-(quorumOf/2+1), n-2)
 	s.tracef("seed %d: %d peers, universe %s, init %+v, at most %d die", seed, n, s.u, s.peers[0].init, s.maxDie)
@@ -199,8 +278,14 @@ func (s *sim) names() []PeerName {
 
 // start (re)starts a peer from its disk.
 func (s *sim) start(sp *simPeer) {
+	var known []PeerName
+	for _, q := range s.peers {
+		if q != sp && (!simFault("partialview") || q.p != nil && s.connected(sp.name, q.name) && s.connected(q.name, sp.name)) {
+			known = append(known, q.name)
+		}
+	}
 	p, err := NewPeer(PeerConfig{
-		Self: sp.name, Universe: s.u, Init: sp.init, Peers: s.names(), Timing: simTiming,
+		Self: sp.name, Universe: s.u, Init: sp.init, Peers: known, Timing: simTiming,
 		Rand: rand.New(rand.NewPCG(s.rng.Uint64(), s.rng.Uint64())),
 	}, sp.disk.Clone())
 	if err != nil {
@@ -208,6 +293,10 @@ func (s *sim) start(sp *simPeer) {
 		return
 	}
 	sp.p = p
+	if len(sp.found) > 0 {
+		// The router finds its pods' addresses on its bridge.
+		p.HoldFound(maps.Clone(sp.found))
+	}
 	s.ready(sp)
 }
 
@@ -225,7 +314,7 @@ func (s *sim) up() []*simPeer {
 func (s *sim) serving() []*simPeer {
 	var out []*simPeer
 	for _, sp := range s.up() {
-		if !sp.leaving() {
+		if !sp.leaving() && !sp.dead {
 			out = append(out, sp)
 		}
 	}
@@ -273,6 +362,8 @@ func (s *sim) ready(sp *simPeer) {
 	for _, ev := range rd.Events {
 		s.tracef("%s: %s", sp.name, ev.Text)
 		switch {
+		case ev.Warn && s.explained(ev.Text):
+			s.c.Expected++
 		case ev.Warn:
 			s.fail("%s warned: %s", sp.name, ev.Text)
 		case strings.HasPrefix(ev.Text, "ipalloc: gave "):
@@ -302,6 +393,14 @@ func (s *sim) ready(sp *simPeer) {
 		s.c.Msgs++
 	}
 	for _, a := range rd.Answers {
+		if sp.dead {
+			// Removed while alive (rmlive): its pods are gone with its
+			// Node; a new allocation is caught by knowsRemoved below.
+			if a.Err == nil && sp.knowsRemoved && !slices.ContainsFunc(sp.p.Allocations(), func(al Allocation) bool { return al.Key == a.Key }) {
+				s.fail("%s allocated %s to %s after it was told it is removed", sp.name, a.Address, a.Key)
+			}
+			continue
+		}
 		if !s.waiting[a.Key] || s.holder[a.Key] != sp.name {
 			if a.Err == nil && s.held[a.Key] != a.Address {
 				s.fail("%s answered %s with %s, which nobody asked for", sp.name, a.Key, a.Address)
@@ -318,6 +417,9 @@ func (s *sim) ready(sp *simPeer) {
 			continue
 		}
 		s.tracef("%s: %s got %s", sp.name, a.Key, a.Address)
+		if sp.knowsRemoved {
+			s.fail("%s allocated %s to %s after it was told it is removed", sp.name, a.Address, a.Key)
+		}
 		s.held[a.Key] = a.Address
 		s.c.Allocations++
 	}
@@ -335,7 +437,39 @@ func (s *sim) readyAll() {
 	}
 }
 
-func (s *sim) connected(a, b PeerName) bool { return s.group[a] == s.group[b] }
+// connected reports whether a message from a reaches b.
+func (s *sim) connected(a, b PeerName) bool {
+	return s.group[a] == s.group[b] && !s.oneway[[2]PeerName{a, b}]
+}
+
+// explained reports whether a warning is what a fault of the schedule
+// makes a correct peer say: another consensus size, a ring of another seed
+// list, being removed while alive (rmlive).
+func (s *sim) explained(text string) bool {
+	switch {
+	case strings.Contains(text, "runs the first claim with consensus="):
+		return s.c.Mixed > 0
+	case strings.Contains(text, "seeded apart") || strings.Contains(text, "ErrSplitRing") || strings.Contains(text, "were seeded apart"):
+		for _, sp := range s.peers {
+			if sp.otherSeeds && strings.Contains(text, string(sp.name)) {
+				return true
+			}
+		}
+		return s.otherSeedsUp() && strings.Contains(text, "refused the ring from")
+	case strings.Contains(text, "is removing this peer"), strings.Contains(text, "takes ranges this peer owns"):
+		return *simRmLive
+	}
+	return false
+}
+
+func (s *sim) otherSeedsUp() bool {
+	for _, sp := range s.peers {
+		if sp.otherSeeds && sp.p != nil {
+			return true
+		}
+	}
+	return false
+}
 
 // deliver hands message i to its addressee.
 func (s *sim) deliver(i int) {
@@ -353,10 +487,25 @@ func (s *sim) deliver(i int) {
 		return
 	}
 	s.tracef("%s -> %s: %s", m.from, m.to, describe(msg))
+	if rm, ok := msg.(*Remove); ok && rm.Peer == to.name {
+		to.knowsRemoved = true
+	}
 	if err := to.p.Step(m.from, msg); err != nil {
-		if errors.Is(err, ErrRemovedPeer) {
+		var size *ConsensusSizeError
+		switch {
+		case errors.Is(err, ErrRemovedPeer):
 			s.c.Refused++
-		} else {
+		case errors.As(err, &size) && (s.by[m.from].oddSize != 0 || to.oddSize != 0):
+			s.c.Refused++
+			s.c.Expected++
+		case errors.Is(err, ErrSplitRing) && (s.by[m.from].otherSeeds || to.otherSeeds):
+			s.c.Refused++
+			s.c.Expected++
+		case errors.Is(err, ErrRangeTaken) && to.dead && *simRmLive:
+			// Removed while alive: the reclaimer's ring takes its ranges.
+			s.c.Refused++
+			s.c.Expected++
+		default:
 			s.fail("%s refused a message from %s: %v", m.to, m.from, err)
 		}
 	}
@@ -508,6 +657,7 @@ func (s *sim) randomStep() {
 			}
 			s.tracef("%s: release %s", sp.name, k)
 			sp.p.Release(k)
+			delete(sp.found, k)
 			delete(s.held, k)
 			delete(s.holder, k)
 			if !s.waiting[k] {
@@ -530,8 +680,51 @@ func (s *sim) randomStep() {
 			s.tracef("partition %v", s.group)
 		}},
 	}
-	if partitioned {
-		actions = append(actions, action{8, func() { clear(s.group); s.tracef("heal") }})
+	if partitioned || len(s.oneway) > 0 {
+		actions = append(actions, action{8, func() { clear(s.group); clear(s.oneway); s.tracef("heal") }})
+	}
+	actions = append(actions, action{3 * simWeight("oneway"), func() {
+		a, b := s.pick(s.peers), s.pick(s.peers)
+		if a != b {
+			s.c.OneWay++
+			s.oneway[[2]PeerName{a.name, b.name}] = true
+			s.tracef("cut %s -> %s (one way)", a.name, b.name)
+		}
+	}})
+	if s.claimedEverywhere() {
+		var wipeable []*simPeer
+		for _, sp := range s.peers {
+			if !sp.dead && !sp.leaving() && sp.disk.Left == "" && sp.oddSize == 0 && !sp.otherSeeds {
+				wipeable = append(wipeable, sp)
+			}
+		}
+		if len(wipeable) > 0 {
+			if simFault("wipe") {
+				actions = append(actions, action{2, func() { s.wipe(s.pick(wipeable), false) }})
+			}
+			if out < s.maxDie && len(up) > 2 && simFault("rename") {
+				actions = append(actions, action{1, func() { s.wipe(s.pick(wipeable), true) }})
+			}
+		}
+		if len(s.peers) < 12 && simFault("join") {
+			actions = append(actions, action{1, func() { s.join(simFault("otherseeds") && s.rng.IntN(4) == 0) }})
+		}
+	}
+	for _, sp := range s.peers {
+		if sp.oddSize != 0 && sp.init.Consensus == sp.oddSize && !sp.dead {
+			actions = append(actions, action{2, func() { s.fixOdd(sp) }})
+		}
+	}
+	if *simRmLive {
+		var cutoff []*simPeer
+		for _, sp := range up {
+			if !sp.dead && !sp.leaving() && !s.connected(sp.name, s.peers[0].name) {
+				cutoff = append(cutoff, sp)
+			}
+		}
+		if len(cutoff) > 0 && out < s.maxDie && len(s.serving()) > 2 {
+			actions = append(actions, action{1, func() { s.rmpeerLive(s.pick(cutoff)) }})
+		}
 	}
 	if len(up) > 0 {
 		actions = append(actions, action{5, func() { s.c.Crashes++; s.crash(s.pick(up), "random") }})
@@ -586,6 +779,116 @@ func (s *sim) randomStep() {
 		r -= a.w
 	}
 	s.check()
+}
+
+// fixOdd is the operator giving the odd peer the cluster's N: it is
+// restarted, with its state removed if it holds no ring (its saved N
+// would be refused, as it should be).
+func (s *sim) fixOdd(sp *simPeer) {
+	if sp.p != nil {
+		s.crash(sp, "the operator fixes its consensus size")
+	}
+	if sp.disk.Ring == nil || sp.disk.Ring.Empty() {
+		sp.disk = HardState{}
+	}
+	sp.init = s.base
+	s.tracef("%s restarts with consensus=%d", sp.name, sp.init.Consensus)
+	s.c.Restarts++
+	s.start(sp)
+}
+
+// claimedEverywhere reports whether every peer that is not gone has a
+// claimed ring on disk: the first claim is over. (A disk lost during the
+// first claim is not modelled: Paxos needs its acceptors' disks.)
+func (s *sim) claimedEverywhere() bool {
+	for _, sp := range s.peers {
+		if !sp.dead && !sp.otherSeeds && (sp.disk.Ring == nil || sp.disk.Ring.Empty()) {
+			return false
+		}
+	}
+	return true
+}
+
+// wipe loses sp's disk. Under its own name, it comes back with its pods
+// still running (their addresses found on its bridge); under a new name,
+// its node was rebuilt: its pods are gone and the old name is dead, for
+// the operator to rmpeer.
+func (s *sim) wipe(sp *simPeer, rename bool) {
+	s.c.Wipes++
+	if sp.p != nil {
+		s.crash(sp, "disk lost")
+	}
+	sp.disk = HardState{}
+	if !rename {
+		sp.found = map[Key]Address{}
+		for k, h := range s.holder {
+			if h == sp.name && !s.waiting[k] {
+				sp.found[k] = s.held[k]
+			}
+		}
+		s.tracef("%s lost its disk; %d pods still run on it", sp.name, len(sp.found))
+		if s.rng.IntN(2) == 0 {
+			s.c.Restarts++
+			s.start(sp)
+		}
+		return
+	}
+	s.c.Renamed++
+	s.c.Deaths++
+	sp.dead = true
+	for k, h := range s.holder {
+		if h == sp.name {
+			delete(s.held, k)
+			delete(s.holder, k)
+			delete(s.waiting, k)
+		}
+	}
+	s.tracef("%s lost its disk and comes back under a new name", sp.name)
+	s.addPeer(PeerName(fmt.Sprintf("%s-r%d", sp.name, s.step)), false)
+}
+
+// join adds a peer mid-run: a new node, as the operator configures one
+// (consensus clusters: observer, since a late consensus peer could reach a
+// quorum with other newcomers; seed clusters: the same list). otherSeeds:
+// a node configured for another cluster (another seed list).
+func (s *sim) join(otherSeeds bool) {
+	s.c.Joins++
+	s.addPeer(PeerName(fmt.Sprintf("j%d", s.step)), otherSeeds)
+}
+
+func (s *sim) addPeer(name PeerName, otherSeeds bool) {
+	sp := &simPeer{name: name, init: s.base}
+	switch {
+	case otherSeeds:
+		s.c.Mixed++
+		sp.otherSeeds = true
+		sp.init = Init{Seeds: []PeerName{name, s.pick(s.peers).name}}
+		slices.Sort(sp.init.Seeds)
+		sp.init.Seeds = slices.Compact(sp.init.Seeds)
+	case s.base.Consensus > 0:
+		sp.init = Init{Observer: true}
+	}
+	s.tracef("%s joins (%+v)", name, sp.init)
+	s.peers = append(s.peers, sp)
+	s.by[name] = sp
+	s.start(sp)
+}
+
+// rmpeerLive is the operator's mistake (or Kubernetes deleting a Node that
+// is only cut off): rmpeer of a peer that is alive. It must stop
+// allocating once it knows; its pods are then the operator's to move.
+func (s *sim) rmpeerLive(x *simPeer) {
+	s.tracef("rmpeer of %s, alive but cut off", x.name)
+	s.c.Deaths++
+	x.dead = true
+	for k, h := range s.holder {
+		if h == x.name {
+			delete(s.held, k)
+			delete(s.holder, k)
+			delete(s.waiting, k)
+		}
+	}
+	s.rmpeer(x)
 }
 
 // leave runs weft reset on sp: mostly forced, else refused while it holds
@@ -702,7 +1005,13 @@ func (s *sim) check() {
 			}
 		}
 	}
+	pods := make(map[Address]Key, len(s.held))
 	for k, a := range s.held {
+		if o, ok := pods[a]; ok {
+			s.fail("containers %s and %s both have %s", o, k, a)
+			return
+		}
+		pods[a] = k
 		sp := s.by[s.holder[k]]
 		var got Address
 		var ok bool
@@ -711,8 +1020,66 @@ func (s *sim) check() {
 		} else {
 			got, ok = sp.disk.Allocations[k]
 		}
+		if f, wiped := sp.found[k]; wiped && !ok {
+			if f != a {
+				s.fail("the sim lost track of %s: %s found, %s held", k, f, a)
+			}
+			continue // its disk was wiped: not held again yet
+		}
 		if !ok || got != a {
 			s.fail("container %s was given %s by %s, which now has %s, %v", k, a, sp.name, got, ok)
+		}
+		if sp.p != nil && ok {
+			delete(sp.found, k)
+		}
+	}
+	s.checkRings()
+}
+
+// checkRings checks the peers' rings: every (token, version) on the disks
+// of the peers not removed has one content, and at most one live peer owns each address in its own
+// ring (among the peers of one seed).
+func (s *sim) checkRings() {
+	type owner struct {
+		rg Range
+		p  PeerName
+	}
+	owners := map[Seed][]owner{}
+	clear(s.seen)
+	for _, sp := range s.peers {
+		if sp.removed {
+			continue // gone for good; its disk may hold a change nobody saw (Ring.Reclaim)
+		}
+		// Versions that left the peer: persisted (a Ready is persisted
+		// before it is sent). Memory may hold a change that a crash loses
+		// before anyone sees it.
+		if r := sp.disk.Ring; r != nil {
+			for _, e := range r.Entries {
+				v := simVersion{r.Seed, e.Token, e.Version}
+				if old, ok := s.seen[v]; !ok {
+					s.seen[v] = simEntry{peer: e.Peer, free: e.Free, who: sp.name}
+				} else if old.peer != e.Peer || old.free != e.Free {
+					s.fail("token %s version %d is %s with %d free on %s but %s with %d free on %s",
+						e.Token, e.Version, old.peer, old.free, old.who, e.Peer, e.Free, sp.name)
+					return
+				}
+			}
+		}
+		if sp.p == nil || sp.removed || sp.p.rejoining() || sp.leaving() {
+			continue
+		}
+		r := sp.p.a.ring
+		for _, rg := range r.Owned(sp.name) {
+			owners[r.Seed] = append(owners[r.Seed], owner{rg, sp.name})
+		}
+	}
+	for _, os := range owners {
+		slices.SortFunc(os, func(a, b owner) int { return int(a.rg.Start) - int(b.rg.Start) })
+		for i := 1; i < len(os); i++ {
+			if os[i].rg.Start < os[i-1].rg.End {
+				s.fail("%s and %s both own %s in their own rings", os[i-1].p, os[i].p, os[i].rg)
+				return
+			}
 		}
 	}
 }
@@ -722,7 +1089,14 @@ func (s *sim) check() {
 func (s *sim) settle(what string) {
 	s.quiet = true
 	clear(s.group)
+	clear(s.oneway)
 	for _, sp := range s.peers {
+		if sp.p != nil && sp.dead { // removed while alive (rmlive): the node goes
+			s.crash(sp, "removed")
+		}
+		if sp.oddSize != 0 && sp.init.Consensus == sp.oddSize && !sp.dead {
+			s.fixOdd(sp)
+		}
 		if sp.p == nil && !sp.dead {
 			s.tracef("restart %s", sp.name)
 			s.c.Restarts++
@@ -741,9 +1115,14 @@ func (s *sim) settle(what string) {
 		}
 		s.tick()
 		if round%5 == 0 {
+			// memberlist's push-pull: with the next peer, and with a
+			// random one, so that over time every pair meets.
 			up := s.up()
 			for i, a := range up {
 				s.pushPull(a, up[(i+1)%len(up)])
+				if b := s.pick(up); b != a {
+					s.pushPull(a, b)
+				}
 			}
 		}
 		s.check()
@@ -760,8 +1139,11 @@ func (s *sim) quiescent() bool {
 	var ring *Ring
 	for _, sp := range s.up() {
 		st := sp.p.Status()
-		if st.Left {
-			continue // its view is frozen: it merges nothing any more
+		if st.Left || sp.otherSeeds {
+			continue // its view is frozen: it merges nothing any more; or it is of another cluster
+		}
+		if len(sp.found) > 0 {
+			return false
 		}
 		if st.Waiting > 0 || !st.Claimed {
 			return false
@@ -808,7 +1190,12 @@ func (s *sim) run(steps int) error {
 		return s.err
 	}
 	// Every live peer gets an address, if there is space for them all.
-	up := s.serving()
+	var up []*simPeer
+	for _, sp := range s.serving() {
+		if !sp.otherSeeds {
+			up = append(up, sp)
+		}
+	}
 	var free uint64
 	for _, sp := range up {
 		free += sp.p.Stats().Free

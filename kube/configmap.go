@@ -35,6 +35,10 @@ type PeerRecord struct {
 	// compare-and-swap and takes this peer's ranges over.
 	Reclaimer      string    `json:"reclaimer,omitempty"`
 	ReclaimStarted time.Time `json:"reclaimStarted,omitzero"`
+	// CalledOff names the reclaimer whose reclaim of this peer its
+	// registration called off (the peer came back): that router withdraws
+	// the reclaim in its allocator (Config.Withdraw) and then clears it.
+	CalledOff string `json:"calledOff,omitempty"`
 }
 
 // ReclaimRecord remembers a finished reclaim in the reclaimed map.
@@ -96,6 +100,11 @@ func (k *Kube) decodePeers(data map[string]string) (map[string]PeerRecord, error
 		if r.Reclaimer != "" {
 			if err := validName(r.Reclaimer); err != nil {
 				return nil, k.corrupt(KeyPeers, fmt.Errorf("peer %s: reclaimer: %w", p, err))
+			}
+		}
+		if r.CalledOff != "" {
+			if err := validName(r.CalledOff); err != nil {
+				return nil, k.corrupt(KeyPeers, fmt.Errorf("peer %s: calledOff: %w", p, err))
 			}
 		}
 	}
@@ -257,7 +266,14 @@ func (k *Kube) RegisterPeer(ctx context.Context, peer, nickname string) error {
 		if had && before.Node == k.cfg.NodeName && before.Nickname == nickname && before.Reclaimer == "" {
 			return false, nil
 		}
-		peers[peer] = PeerRecord{Node: k.cfg.NodeName, Nickname: nickname, Registered: k.cfg.Now().UTC()}
+		rec := PeerRecord{Node: k.cfg.NodeName, Nickname: nickname, Registered: k.cfg.Now().UTC(), CalledOff: before.CalledOff}
+		switch {
+		case had && before.Reclaimer != "":
+			rec.CalledOff = before.Reclaimer
+		case wasReclaimed:
+			rec.CalledOff = doneBy.By
+		}
+		peers[peer] = rec
 		return true, encode(data, KeyPeers, peers)
 	})
 	if err != nil {
@@ -269,11 +285,13 @@ func (k *Kube) RegisterPeer(ctx context.Context, peer, nickname string) error {
 	switch {
 	case had && before.Reclaimer != "":
 		k.log.Error("kubernetes: peer "+before.Reclaimer+" had started to reclaim this peer's ranges (its node was gone); "+
-			"this peer is running, so the reclaim is called off, but what was taken over already stays taken",
+			"this peer is running, so the reclaim is called off, and "+before.Reclaimer+" withdraws it unless it has taken the ranges over already "+
+			"(then this peer allocates nothing: run weft reset --force here and restart it to join under a new name)",
 			"peer", peer, "node", k.cfg.NodeName, "since", before.ReclaimStarted)
 	case wasReclaimed:
-		k.log.Error("kubernetes: this peer's ranges were reclaimed by "+doneBy.By+" when its node was deleted; "+
-			"peers refuse it now: run weft reset here (or remove its state) to join again under a new name",
+		k.log.Error("kubernetes: this peer's ranges were being reclaimed by "+doneBy.By+" when its node was deleted; "+
+			doneBy.By+" withdraws the reclaim unless it has taken the ranges over already: then peers refuse this peer and it allocates nothing; "+
+			"run weft reset --force here (or remove its state) to join again under a new name",
 			"peer", peer, "node", doneBy.Node, "at", doneBy.At)
 	case !had || before.Node != k.cfg.NodeName:
 		k.log.Info("kubernetes: registered this peer in the ConfigMap", "peer", peer, "node", k.cfg.NodeName,

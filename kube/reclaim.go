@@ -91,6 +91,13 @@ func (k *Kube) reclaimPass(ctx context.Context) (bool, error) {
 	progress := false
 	for _, p := range slices.Sorted(maps.Keys(peers)) {
 		r := peers[p]
+		if r.CalledOff == k.cfg.PeerName && r.Reclaimer == "" && k.cfg.Withdraw != nil {
+			did, err := k.withdraw(ctx, p, r)
+			if err != nil {
+				return progress, err
+			}
+			progress = progress || did
+		}
 		if p == k.cfg.PeerName || k.nodeKnown(r.Node) {
 			continue
 		}
@@ -287,6 +294,45 @@ func (k *Kube) reclaimPeer(ctx context.Context, p string, r PeerRecord, peers ma
 	}
 	k.metrics.reclaims.Inc()
 	k.log.Info(fmt.Sprintf("node %s deleted: peer %s reclaimed", r.Node, p), "node", r.Node, "peer", p)
+	return true, nil
+}
+
+// withdraw calls off this router's reclaim of p, which registered again
+// (it came back), and then clears the note. It reports whether it changed
+// the ConfigMap.
+func (k *Kube) withdraw(ctx context.Context, p string, r PeerRecord) (bool, error) {
+	if err := k.cfg.Withdraw(ctx, p); err != nil {
+		if ctx.Err() != nil {
+			return false, ctx.Err()
+		}
+		if k.sayOnce("withdraw/"+p, err.Error()) {
+			k.log.Error("kubernetes: peer "+p+" came back (registered again on node "+r.Node+"), but withdrawing this peer's reclaim of it failed; retrying at the next pass",
+				"peer", p, "node", r.Node, "err", err)
+		}
+		return false, nil
+	}
+	k.forget("withdraw/" + p)
+	var cleared bool
+	err := k.modify(ctx, "clearing the called-off reclaim of "+p, func(data map[string]string) (bool, error) {
+		cleared = false
+		peers, err := k.decodePeers(data)
+		if err != nil {
+			return false, err
+		}
+		cur, ok := peers[p]
+		if !ok || cur.CalledOff != k.cfg.PeerName {
+			return false, nil
+		}
+		cur.CalledOff = ""
+		peers[p] = cur
+		cleared = true
+		return true, encode(data, KeyPeers, peers)
+	})
+	if err != nil || !cleared {
+		return false, err
+	}
+	k.log.Info("kubernetes: peer "+p+" came back (registered again on node "+r.Node+"): this peer's reclaim of it is called off",
+		"peer", p, "node", r.Node)
 	return true, nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"slices"
@@ -19,6 +20,10 @@ import (
 // before it logs that the API server is slow (it keeps waiting when it
 // must: see kubeInit).
 const kubeStartWait = 30 * time.Second
+
+// kubeMembersEvery is how many rounds of routineKube (5 s each) pass
+// between two reads of the peers registered in the ConfigMap.
+const kubeMembersEvery = 6
 
 // newKube makes the client of the API server (weft router --kube); Node.Run
 // runs its watch of the Nodes. The node list and the ConfigMap are read by
@@ -36,6 +41,7 @@ func (r *Router) newKube() error {
 		PeerName:    r.name,
 		Nickname:    r.cfg.Nickname,
 		Reclaim:     r.kubeReclaim,
+		Withdraw:    r.kubeWithdraw,
 		PeerAlive:   r.peerMaybeAlive,
 		Logger:      r.log,
 		Registerer:  r.metrics.reg,
@@ -129,8 +135,14 @@ func (r *Router) serveWaiting(reason string) *http.Server {
 }
 
 // kubeReclaim takes over the ranges of a peer whose Node was deleted; the
-// kube package calls it on exactly one live router per peer.
-func (r *Router) kubeReclaim(_ context.Context, peer string) error {
+// kube package calls it on exactly one live router per peer. The peers
+// registered in the ConfigMap join the allocator's barrier first. When
+// another peer's reclaim of it runs in the allocator already, that is done
+// only once nothing of the peer's is left in this ring: until then the
+// error keeps the ConfigMap's marker, and the call is retried at every
+// pass, so that once the other reclaimer is removed too (its Node deleted),
+// this router takes the job over.
+func (r *Router) kubeReclaim(ctx context.Context, peer string) error {
 	name := ipalloc.PeerName(peer)
 	if err := ipalloc.ValidatePeerName(name); err != nil {
 		return err
@@ -138,14 +150,84 @@ func (r *Router) kubeReclaim(_ context.Context, peer string) error {
 	if r.alivePeers()[name] {
 		return fmt.Errorf("peer %s is alive: its ranges stay with it", peer)
 	}
-	err := r.ipam.PeerGone(name)
-	if _, ok := errors.AsType[*ipalloc.ReclaimingError](err); ok {
-		return nil // another peer's reclaim in the allocator: it finishes it
+	if err := r.kubeMembers(ctx); err != nil {
+		return fmt.Errorf("reading the peers registered in the ConfigMap for the barrier: %w", err)
 	}
-	if err == nil {
-		r.log.Info(fmt.Sprintf("kubernetes: node of peer %s deleted: reclaiming its ranges", peer))
+	return reclaimOutcome(r.ipam, name, r.ipam.PeerGone(name), r.log)
+}
+
+// ipamReclaimer is what reclaimOutcome needs of the allocator.
+type ipamReclaimer interface {
+	Ring() *ipalloc.Ring
+}
+
+// reclaimOutcome turns the allocator's answer to PeerGone into the kube
+// package's: nil when the reclaim is this peer's (started or resumed), or
+// when another peer reclaims the peer and nothing of it is left in this
+// ring; otherwise the error, and the kube package retries.
+func reclaimOutcome(ipam ipamReclaimer, name ipalloc.PeerName, err error, log *slog.Logger) error {
+	var other *ipalloc.ReclaimingError
+	switch {
+	case err == nil:
+		log.Info(fmt.Sprintf("kubernetes: node of peer %s deleted: reclaiming its ranges", name))
+		return nil
+	case errors.As(err, &other) && !slices.Contains(ipam.Ring().Peers(), name):
+		return nil // the other reclaimer took its ranges over
+	case errors.As(err, &other):
+		return fmt.Errorf("%w; %s still owns ranges in this peer's ring: waiting for %s to finish, or to be removed too", err, name, other.By)
 	}
 	return err
+}
+
+// kubeWithdraw calls off this router's reclaim of a peer that came back
+// (it registered again in the ConfigMap). Too late, once the reclaim took
+// its ranges over: the peer allocates nothing, and must join again under a
+// new name (weft reset), which the log says.
+func (r *Router) kubeWithdraw(_ context.Context, peer string) error {
+	name := ipalloc.PeerName(peer)
+	if err := ipalloc.ValidatePeerName(name); err != nil {
+		return err
+	}
+	return withdrawOutcome(r.ipam, name, r.log)
+}
+
+// ipamWithdrawer is what withdrawOutcome needs of the allocator.
+type ipamWithdrawer interface {
+	Reclaiming(ipalloc.PeerName) (reclaiming, done bool)
+	Withdraw(ipalloc.PeerName) error
+}
+
+func withdrawOutcome(ipam ipamWithdrawer, name ipalloc.PeerName, log *slog.Logger) error {
+	reclaiming, _ := ipam.Reclaiming(name)
+	err := ipam.Withdraw(name)
+	var other *ipalloc.ReclaimingError
+	switch {
+	case errors.Is(err, ipalloc.ErrReclaimDone):
+		log.Error(fmt.Sprintf("kubernetes: peer %s came back, but this peer has taken over its ranges already: it allocates nothing; "+
+			"run weft reset --force on its node and restart the router there to join under a new name", name))
+		return nil
+	case errors.As(err, &other):
+		return nil // not this peer's reclaim
+	case err != nil:
+		return err
+	case reclaiming:
+		log.Info(fmt.Sprintf("kubernetes: peer %s came back before its ranges were taken over: its reclaim is withdrawn", name))
+	}
+	return nil
+}
+
+// kubeMembers adds the peers registered in the ConfigMap to the
+// allocator's members: every reclaim waits for them too.
+func (r *Router) kubeMembers(ctx context.Context) error {
+	peers, err := r.kube.Peers(ctx)
+	if err != nil {
+		return err
+	}
+	names := make([]ipalloc.PeerName, 0, len(peers))
+	for p := range peers {
+		names = append(names, ipalloc.PeerName(p))
+	}
+	return r.ipam.AddMembers(names)
 }
 
 // routineKube feeds the node list to the mesh as join targets, records the
@@ -156,7 +238,12 @@ func (r *Router) routineKube(ctx context.Context) {
 	recorded, available := false, false
 	t := time.NewTicker(5 * time.Second)
 	defer t.Stop()
-	for {
+	for round := 0; ; round++ {
+		if round%kubeMembersEvery == 0 {
+			if err := r.kubeMembers(ctx); err != nil && ctx.Err() == nil {
+				r.log.Debug("kubernetes: reading the registered peers failed; retrying", "err", err)
+			}
+		}
 		if addrs := r.kube.PeerAddrs(); !slices.Equal(addrs, joined) {
 			if err := r.mesh.AddTargets(addrs...); err != nil {
 				r.log.Warn("kubernetes: a node address is not usable as a peer", "err", err)

@@ -143,6 +143,9 @@ func (l *localAPI) allocate(w http.ResponseWriter, req *http.Request) {
 	case errors.Is(err, ipalloc.ErrLeft):
 		writeError(w, http.StatusServiceUnavailable, api.CodeNotReady, err.Error())
 		return
+	case errors.Is(err, ipalloc.ErrRemoved): // says what to do: weft reset
+		writeError(w, http.StatusConflict, api.CodeConflict, err.Error())
+		return
 	case ipalloc.ErrIsExhausted(err):
 		writeError(w, http.StatusServiceUnavailable, api.CodeExhausted, fmt.Sprintf("no address for %s: %v", k, err))
 		return

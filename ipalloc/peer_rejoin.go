@@ -1,0 +1,133 @@
+package ipalloc
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+)
+
+// Rejoin: a peer that starts without a ring on disk cannot tell a first
+// start from a restart after its disk was lost. If it kept its name, the
+// cluster's ring may name it as the owner of ranges its lost self has
+// changed since (allocated from, given away, split): its seed claim
+// (seed=...) or the ring it is sent would let it hand out addresses that
+// another peer holds, and a version of its own entries that clashes with
+// one its lost self sent. So such a peer holds back:
+//
+//   - its entries are frozen (Allocator.frozen): it writes no free count,
+//     and it takes a ring that moves its ranges to another peer, since its
+//     lost self may have given them;
+//   - it allocates nothing, gives no donation, re-claims nothing it found
+//     on the node (HoldFound) and completes no reclaim, until it has merged
+//     a claimed ring from every other owner in its ring that is not
+//     removed, and from every live peer it knows (a donation of its lost
+//     self may be known only to the peer it went to), since it started,
+//     and from one live peer at least (the owners of its own
+//     seed claim need not be the ring's owners any more; they may even
+//     all be removed). Every change its lost self made to its ranges went to the
+//     peer it concerned (a donation to its new owner) or was only a free
+//     count; so it then knows every range it really owns.
+//
+// Then it writes its free counts with a jump of rejoinVersionJump over the
+// highest version it has seen, so that a free count of its lost self that
+// only a peer outside the ring's owners saw (an observer) loses. At a
+// first start the same holds: the seed peers (or the consensus value's
+// peers) allocate once they have heard from each other.
+//
+// An owner that is down holds the rejoin until it is back, or is removed
+// (weft rmpeer): a removed peer is not waited for. A lone peer
+// (consensus=1, or seed= itself alone) need hear from no peer before it
+// allocates: it waits only for the peers it knows.
+
+// rejoinVersionJump is how far a rejoined peer's entries jump.
+const rejoinVersionJump = 1 << 10
+
+// rejoining reports whether this peer holds back (see above).
+func (p *Peer) rejoining() bool { return p.rejoin }
+
+// rejoinWaits lists the owners this peer still waits for, sorted.
+func (p *Peer) rejoinWaits() []PeerName {
+	if !p.rejoin || p.a.ring.Empty() {
+		return nil
+	}
+	// Every owner that is not removed (one whose ring is refused as
+	// seeded apart too: this peer may have started in the wrong ring),
+	// and every live peer it knows: a donation of its lost self may be
+	// known only to the peer it went to.
+	wait := map[PeerName]bool{}
+	for _, q := range p.a.ring.Peers() {
+		if _, gone := p.removed[q]; !gone && q != p.cfg.Self {
+			wait[q] = true
+		}
+	}
+	for _, q := range p.livePeers() {
+		wait[q] = true
+	}
+	var out []PeerName
+	for q := range wait {
+		if !p.ringPeers[q] {
+			out = append(out, q)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// heardLive reports whether this peer merged a claimed ring from a live
+// peer since it started (or needs none: a lone peer).
+func (p *Peer) heardLive() bool {
+	if p.cfg.Init.Consensus == 1 || slices.Equal(p.cfg.Init.Seeds, []PeerName{p.cfg.Self}) {
+		return true
+	}
+	for q := range p.ringPeers {
+		if p.live(q) {
+			return true
+		}
+	}
+	return false
+}
+
+// checkRejoin ends the hold once nothing is waited for.
+func (p *Peer) checkRejoin() {
+	if !p.rejoin || p.a.ring.Empty() || len(p.rejoinWaits()) > 0 || !p.heardLive() || p.removedErr() != nil {
+		// A removed peer stays frozen: its entries are its reclaimer's.
+		return
+	}
+	p.rejoin = false
+	p.a.frozen = false
+	p.ringDirty = true // with the Ready that says it no longer holds back
+	owns := false
+	for i := range p.a.ring.Entries {
+		if e := &p.a.ring.Entries[i]; e.Peer == p.cfg.Self {
+			owns = true
+			if e.Version > math.MaxUint32-2*rejoinVersionJump {
+				p.event(true, "ipalloc: ring entry %s: version %d cannot grow any more", e.Token, e.Version)
+				continue
+			}
+			e.Version += rejoinVersionJump
+		}
+	}
+	if err := p.a.SetRing(p.a.ring); err != nil {
+		p.event(true, "ipalloc: after the rejoin: %v", err)
+	}
+	if owns {
+		p.ringChanged(true)
+		p.event(false, "ipalloc: heard from every owner of the ring since start; allocating from the ranges this peer owns")
+	}
+	p.holdFound()
+	p.completeReclaims()
+	p.serve()
+}
+
+// rejoinStatus is the status line part of a holding peer.
+func (p *Peer) rejoinStatus() string {
+	w := p.rejoinWaits()
+	if len(w) == 0 && p.rejoin && !p.a.ring.Empty() {
+		return "started without state: waiting for the ring from a peer before allocating"
+	}
+	if len(w) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("started without state: waiting to hear from every other owner of the ring (%s) before allocating", strings.Join(names(w), ", "))
+}
