@@ -22,6 +22,8 @@ type cluster struct {
 	events []string
 	cut    map[PeerName]bool // peers whose messages are lost
 	split  bool              // refused rings (seeded apart) are expected
+	// onRefuse, if set, says whether a refused message is expected.
+	onRefuse func(error) bool
 }
 
 func newCluster(t *testing.T, universe string, inits map[PeerName]Init) *cluster {
@@ -90,7 +92,8 @@ func (c *cluster) run(ticks int) {
 			if err != nil {
 				c.t.Fatal(err)
 			}
-			if err := to.Step(m.from, msg); err != nil && !errors.Is(err, ErrRemovedPeer) && !(c.split && errors.Is(err, ErrSplitRing)) {
+			if err := to.Step(m.from, msg); err != nil && !errors.Is(err, ErrRemovedPeer) && !(c.split && errors.Is(err, ErrSplitRing)) &&
+				(c.onRefuse == nil || !c.onRefuse(err)) {
 				c.t.Fatalf("%s -> %s: %v", m.from, m.to, err)
 			}
 			c.ready(m.to)

@@ -92,7 +92,15 @@ type ServiceConfig struct {
 	DB       *state.DB
 	Log      *slog.Logger
 	Now      func() time.Time
+	// GCGrace protects an allocation against a GC that raced its ADD: one
+	// made less than GCGrace before the GC (by Now) is never collected, as
+	// the runtime's list of valid attachments may predate it. 0: none.
+	GCGrace time.Duration
 }
+
+// DefaultGCGrace is a GCGrace for a router: longer than a runtime takes
+// from listing its attachments to the end of the GC it sends them with.
+const DefaultGCGrace = time.Minute
 
 // Service is the IO shell around the pure Peer: it serialises calls, keeps
 // the Ready contract (persist, then send, then answer), ticks the core,
@@ -729,9 +737,12 @@ func (s *Service) Release(k Key) (netip.Addr, bool, error) {
 // Addresses re-claimed from the bridge (ReclaimedKey) are released too, but
 // only when every valid attachment holds an address of its own here: a
 // valid attachment this peer does not know may be the pod that uses one.
+// An allocation younger than ServiceConfig.GCGrace is kept: its ADD may
+// have raced the runtime's list.
 func (s *Service) GC(valid []Key) ([]Allocation, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	young := s.cfg.Now().Add(-s.cfg.GCGrace)
 	keep := make(map[Key]bool, len(valid))
 	unknown := 0
 	for _, k := range valid {
@@ -743,6 +754,9 @@ func (s *Service) GC(valid []Key) ([]Allocation, error) {
 	var drop []Allocation
 	for _, al := range s.p.Allocations() {
 		pod := !al.Key.Internal() || (al.Key.Reclaimed() && unknown == 0)
+		if m, ok := s.meta[al.Key]; ok && s.cfg.GCGrace > 0 && m.Created.After(young) {
+			continue // made after the runtime may have listed its attachments
+		}
 		if pod && !keep[al.Key] {
 			drop = append(drop, al)
 			s.p.Release(al.Key)

@@ -54,7 +54,7 @@ import (
 
 var (
 	simSeed      = flag.Uint64("ipalloc.sim.seed", 0, "run only the simulation schedule with this seed, with a trace of its steps")
-	simSchedules = flag.Int("ipalloc.sim.schedules", 0, "number of simulation schedules (default 300, 40 with -short)")
+	simSchedules = flag.Int("ipalloc.sim.schedules", 0, "number of simulation schedules (default 300; 100 with -race, 40 with -short; make test runs 1500, make test-long 10000)")
 	simSteps     = flag.Int("ipalloc.sim.steps", 0, "steps per simulation schedule (default 1500, 600 with -short)")
 	simFirst     = flag.Uint64("ipalloc.sim.first", 1, "seed of the first simulation schedule")
 	simFaults    = flag.String("ipalloc.sim.faults", "oneway,partialview,join,rename,mixedsize", "faults of the hard simulation to inject (comma-separated; also: wipe, otherseeds, all)")
@@ -1250,8 +1250,11 @@ func simRun(seed uint64, steps int, verbose bool) (*sim, error) {
 // last steps; replay one with -ipalloc.sim.seed=N.
 func TestSimulation(t *testing.T) {
 	schedules, steps := 300, 1500
-	if testing.Short() {
+	switch {
+	case testing.Short():
 		schedules, steps = 40, 600
+	case raceEnabled:
+		schedules = 100 // make test runs 1500 more without the race detector
 	}
 	if *simSchedules > 0 {
 		schedules = *simSchedules

@@ -160,3 +160,37 @@ func (k *Kube) RecordClaim(ctx context.Context, c Claim) (Claim, error) {
 	}
 	return recorded, nil
 }
+
+// KeyConsensus records the consensus size N of the first claim: the node
+// count the first router saw. Every router without state adopts it, so
+// that routers that saw different node counts at start count the same N
+// (quorums of different sizes need not overlap; Weave's #3908).
+const KeyConsensus = "consensus"
+
+// RecordConsensus records n as the consensus size of the first claim
+// unless one is recorded already, and returns the one recorded now: n, or
+// the earlier one, which wins. It retries like RecordClaim; a corrupt
+// value is a CorruptError and is not overwritten.
+func (k *Kube) RecordConsensus(ctx context.Context, n int) (int, error) {
+	if n < 1 || n > 10000 {
+		return 0, fmt.Errorf("recording the consensus size: %d, not 1..10000", n)
+	}
+	var recorded int
+	err := k.modify(ctx, "recording the consensus size", func(data map[string]string) (bool, error) {
+		if s, ok := data[KeyConsensus]; ok && s != "" {
+			v, err := strconv.Atoi(s)
+			if err != nil || v < 1 || v > 10000 {
+				return false, k.corrupt(KeyConsensus, fmt.Errorf("%q: want a number of nodes, 1..10000", s))
+			}
+			recorded = v
+			return false, nil
+		}
+		data[KeyConsensus] = strconv.Itoa(n)
+		recorded = n
+		return true, nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("recording the consensus size in ConfigMap %s/%s: %w", k.cfg.Namespace, k.cfg.ConfigMapName, err)
+	}
+	return recorded, nil
+}

@@ -143,3 +143,21 @@ func TestClaimCorrupt(t *testing.T) {
 		t.Errorf("RegisterPeer beside a corrupt claim: %v", err)
 	}
 }
+
+// TestConsensusRecord: the first router's node count is the consensus size
+// of every router; a later one that saw another count adopts it.
+func TestConsensusRecord(t *testing.T) {
+	f := newCASFake()
+	ctx := context.Background()
+	a := newTestKube(t, f, "a", "pa")
+	if n, err := a.RecordConsensus(ctx, 3); err != nil || n != 3 {
+		t.Fatalf("first RecordConsensus = %d, %v", n, err)
+	}
+	b := newTestKube(t, f, "b", "pb")
+	if n, err := b.RecordConsensus(ctx, 5); err != nil || n != 3 {
+		t.Fatalf("second RecordConsensus = %d, %v; want the recorded 3", n, err)
+	}
+	if _, err := b.RecordConsensus(ctx, 0); err == nil {
+		t.Error("RecordConsensus(0) accepted")
+	}
+}

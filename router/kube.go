@@ -96,9 +96,18 @@ func (r *Router) kubeInit(ctx context.Context, init ipalloc.Init) (ipalloc.Init,
 			r.log.Info("kubernetes: the ring was claimed already; this peer joins it and asks for space", "claim", claim.String())
 			return ipalloc.Init{Observer: true}, nil
 		case err == nil:
-			n := max(nodes, 1)
-			r.log.Info(fmt.Sprintf("kubernetes: no first claim recorded; consensus among the cluster's %d nodes (quorum %d)", n, n/2+1))
-			return ipalloc.Init{Consensus: n}, nil
+			seen := max(nodes, 1)
+			rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
+			n, rerr := r.kube.RecordConsensus(rctx, seen) // one N for every router
+			rcancel()
+			if rerr == nil {
+				if n != seen {
+					r.log.Info(fmt.Sprintf("kubernetes: this router sees %d nodes, but the consensus size recorded by the first router is %d: using %d", seen, n, n))
+				}
+				r.log.Info(fmt.Sprintf("kubernetes: no first claim recorded; consensus among the cluster's %d nodes (quorum %d)", n, n/2+1))
+				return ipalloc.Init{Consensus: n}, nil
+			}
+			err = rerr
 		}
 		if interim == nil {
 			interim = r.serveWaiting("waiting for the Kubernetes API to decide the first claim: " + err.Error())

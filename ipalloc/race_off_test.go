@@ -1,0 +1,5 @@
+//go:build !race
+
+package ipalloc
+
+const raceEnabled = false
