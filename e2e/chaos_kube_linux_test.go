@@ -6,7 +6,10 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/weft-net/weft/e2e"
 	"github.com/weft-net/weft/e2e/kubeapi"
@@ -71,7 +74,24 @@ func TestChaosKube(t *testing.T) {
 		},
 		createNode: func(ctx context.Context, n *e2e.Node) error {
 			_, err := srv.CreateNode(ctx, n.Name, n.UnderlayIP)
-			return err
+			if !apierrors.IsConflict(err) {
+				return err
+			}
+			// The node's router changed the new Node between CreateNode's
+			// create and its status update: set the addresses again on the
+			// Node as it is now.
+			return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+				node, err := admin.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+				if err != nil {
+					return err
+				}
+				node.Status.Addresses = []corev1.NodeAddress{
+					{Type: corev1.NodeInternalIP, Address: n.UnderlayIP.String()},
+					{Type: corev1.NodeHostName, Address: n.Name},
+				}
+				_, err = admin.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{})
+				return err
+			})
 		},
 		deleted: func(ctx context.Context, n *e2e.Node, peer string) bool {
 			wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
