@@ -47,6 +47,8 @@ func (r *Router) newMesh() error {
 		Remembered:    remembered,
 		Logger:        r.log,
 		Registerer:    r.metrics.reg,
+		Transport:     r.seams.gossip,
+		Timings:       r.seams.meshTimings,
 	})
 	if err != nil {
 		return err

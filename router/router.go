@@ -40,6 +40,7 @@ type Router struct {
 	srcDir  string // where weft-cni and portmap are installed from
 
 	kernel Kernel // the node's network: underlay, bridge, tunnel
+	seams  seams  // a test's replacements (build.go); zero in production
 
 	mesh       *mesh.Mesh                // set by Build
 	ipamCh     *mesh.Channel             // the allocator's gossip channel
