@@ -464,6 +464,13 @@ func TestInProcessCluster(t *testing.T) {
 			t.Errorf("%s: the local API still answers after Run returned", n.name)
 		}
 	}
+	for _, n := range nodes {
+		for _, l := range strings.Split(n.log.String(), "\n") {
+			if strings.Contains(l, "did not stop within") || strings.Contains(l, "level=ERROR") || strings.Contains(l, "msg=\"stopping ") {
+				t.Errorf("%s: %s", n.name, l)
+			}
+		}
+	}
 	hc.CloseIdleConnections()
 	deadline := time.Now().Add(20 * time.Second)
 	for runtime.NumGoroutine() > before {
