@@ -163,6 +163,7 @@ func (b *syncBuffer) String() string {
 // reads it through.
 type inprocNode struct {
 	name   string
+	cfg    *Validated
 	node   *Node
 	kernel *fakeKernel
 	api    *api.Client
@@ -262,6 +263,26 @@ func TestInProcessCluster(t *testing.T) {
 	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
 
 	nodes := make([]*inprocNode, len(hosts))
+	// build makes node n's router on its state (again, on a restart),
+	// with a fresh gossip transport at its address.
+	build1 := func(n *inprocNode, i int) {
+		t.Helper()
+		tr, err := gossip.NewTransport(peers[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.node, err = build(context.Background(), n.cfg, slog.New(slog.NewTextHandler(n.log, &slog.HandlerOptions{Level: slog.LevelDebug})).With("node", n.name), n.kernel,
+			seams{cniSrcDir: srcDir, gossip: tr, meshTimings: inprocTimings()})
+		if err != nil {
+			t.Fatalf("%s: Build: %v", n.name, err)
+		}
+		n.status = n.node.statusLn.Addr().String()
+	}
+	run := func(n *inprocNode) {
+		ctx, cancel := context.WithCancel(context.Background())
+		n.cancel, n.done = cancel, make(chan error, 1)
+		go func() { n.done <- n.node.Run(ctx) }()
+	}
 	for i, h := range hosts {
 		dir := t.TempDir()
 		c := Defaults()
@@ -275,18 +296,8 @@ func TestInProcessCluster(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		tr, err := gossip.NewTransport(peers[i])
-		if err != nil {
-			t.Fatal(err)
-		}
-		lb := &syncBuffer{}
-		n := &inprocNode{name: c.Name, kernel: &fakeKernel{host: netip.MustParseAddr(h), under: under}, api: api.NewClient(c.Socket), log: lb, done: make(chan error, 1)}
-		n.node, err = build(context.Background(), v, slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelDebug})).With("node", c.Name), n.kernel,
-			seams{cniSrcDir: srcDir, gossip: tr, meshTimings: inprocTimings()})
-		if err != nil {
-			t.Fatalf("%s: Build: %v", c.Name, err)
-		}
-		n.status = n.node.statusLn.Addr().String()
+		n := &inprocNode{name: c.Name, cfg: v, kernel: &fakeKernel{host: netip.MustParseAddr(h), under: under}, api: api.NewClient(c.Socket), log: &syncBuffer{}}
+		build1(n, i)
 		nodes[i] = n
 	}
 	t.Cleanup(func() {
@@ -297,9 +308,7 @@ func TestInProcessCluster(t *testing.T) {
 		}
 	})
 	for _, n := range nodes {
-		ctx, cancel := context.WithCancel(context.Background())
-		n.cancel = cancel
-		go func() { n.done <- n.node.Run(ctx) }()
+		run(n)
 	}
 	stopped := map[*inprocNode]bool{}
 	defer func() { // a failed run still stops every router
@@ -398,24 +407,44 @@ func TestInProcessCluster(t *testing.T) {
 		})
 	}
 
-	// A packet from the pod on r1 to the pod on r3 comes out of r3's TUN
-	// device as it went in. It is sent again until it does: the data
-	// planes learn the ring and the peers in the background.
-	payload := []byte("from the pod on r1 to the pod on r3")
-	pkt := udpPacket(pods[0], pods[2], payload)
-	in, out := nodes[0].kernel.tun.Inbound, nodes[2].kernel.tun.Outbound
-	waitUntil(t, "the packet to reach r3's TUN device", func() bool {
-		in <- pkt
-		select {
-		case got := <-out:
-			if !bytes.Equal(got, pkt) {
-				t.Fatalf("r3 delivered %x, want %x", got, pkt)
-			}
-			return true
-		case <-time.After(100 * time.Millisecond): // then send it again
-			return false
-		}
+	// A restart of r2 on its state: ready again, with the same pod's
+	// address, the same ranges, and the ring still agreed.
+	nodes[1].stop(t)
+	build1(nodes[1], 1)
+	run(nodes[1])
+	waitUntil(t, "r2 to be ready again", func() bool { return nodes[1].api.Ready(ctx) == nil })
+	if a, err := nodes[1].api.Lookup(ctx, api.Attachment{ContainerID: "pod-r2", IfName: "eth0"}); err != nil || netip.MustParsePrefix(a.Address).Addr() != pods[1] {
+		t.Fatalf("r2 after its restart: the pod's address %+v, %v; want %s", a, err, pods[1])
+	}
+	waitUntil(t, "the routers to agree on the ring after r2's restart", func() bool {
+		after := []inprocReport{nodes[0].report(t, hc), nodes[1].report(t, hc), nodes[2].report(t, hc)}
+		return slices.Equal(after[1].IPAM.Owned, reps[1].IPAM.Owned) &&
+			slices.Equal(after[0].IPAM.Entries, after[1].IPAM.Entries) && slices.Equal(after[2].IPAM.Entries, after[1].IPAM.Entries)
 	})
+
+	// A packet from the pod on one node to the pod on another comes out
+	// of the other's TUN device as it went in (r1 to r3, and r3 to the
+	// restarted r2). It is sent again until it does: the data planes
+	// learn the ring and the peers in the background.
+	deliver := func(from, to int) {
+		t.Helper()
+		pkt := udpPacket(pods[from], pods[to], []byte(fmt.Sprintf("from the pod on %s to the pod on %s", nodes[from].name, nodes[to].name)))
+		in, out := nodes[from].kernel.tun.Inbound, nodes[to].kernel.tun.Outbound
+		waitUntil(t, fmt.Sprintf("a packet from %s to reach %s's TUN device", nodes[from].name, nodes[to].name), func() bool {
+			in <- pkt
+			select {
+			case got := <-out:
+				if !bytes.Equal(got, pkt) {
+					t.Fatalf("%s delivered %x, want %x", nodes[to].name, got, pkt)
+				}
+				return true
+			case <-time.After(100 * time.Millisecond): // then send it again
+				return false
+			}
+		})
+	}
+	deliver(0, 2)
+	deliver(2, 1)
 
 	// rmpeer of r3 once it is stopped: r1 and r2 take its ranges over and
 	// agree on the ring, and its pod's address is theirs to give.
