@@ -184,7 +184,7 @@ type inprocReport struct {
 			Encrypted bool
 		}
 	}
-	IPAM   IPAMReport
+	IPAM IPAMReport
 }
 
 func (n *inprocNode) report(t *testing.T, hc *http.Client) inprocReport {
