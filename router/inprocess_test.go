@@ -469,11 +469,11 @@ func testInProcessCluster(t *testing.T, password string) {
 	}
 	deliver(0, 2)
 	deliver(2, 1)
-	clear := 0
-	clearOnWire.Range(func(any, any) bool { clear++; return true })
-	if password != "" && clear > 0 {
-		t.Errorf("with a password, %d pod payloads crossed the underlay in the clear", clear)
-	} else if password == "" && clear == 0 {
+	inClear := 0
+	clearOnWire.Range(func(any, any) bool { inClear++; return true })
+	if password != "" && inClear > 0 {
+		t.Errorf("with a password, %d pod payloads crossed the underlay in the clear", inClear)
+	} else if password == "" && inClear == 0 {
 		t.Errorf("without a password, no pod payload was seen on the underlay: the tap sees nothing")
 	}
 	for _, n := range nodes {
