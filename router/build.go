@@ -10,6 +10,10 @@ import (
 	"net/netip"
 	"os"
 	"time"
+
+	"github.com/hashicorp/memberlist"
+
+	"github.com/weft-net/weft/mesh"
 )
 
 // Node is a router built and ready to run: every part of it exists before
@@ -29,7 +33,25 @@ type Node struct {
 // yet), and the servers' listeners. So whatever Run starts finds all of
 // them there: the Kubernetes side never sees the allocator or the mesh
 // missing. kernel nil is HostKernel. On an error what was made is closed.
-func Build(ctx context.Context, cfg *Validated, log *slog.Logger, kernel Kernel) (_ *Node, err error) {
+func Build(ctx context.Context, cfg *Validated, log *slog.Logger, kernel Kernel) (*Node, error) {
+	return build(ctx, cfg, log, kernel, seams{})
+}
+
+// seams are what a test of this package replaces beyond the Kernel, so
+// that whole routers run in one process without root; the zero value is
+// production's.
+type seams struct {
+	// cniSrcDir is where weft-cni and portmap are installed from; empty:
+	// beside the executable.
+	cniSrcDir string
+	// gossip is the mesh's transport (meshtest's in-memory network); nil:
+	// UDP and TCP on --host:--port.
+	gossip memberlist.NodeAwareTransport
+	// meshTimings tune the mesh; zero fields take its defaults.
+	meshTimings mesh.Timings
+}
+
+func build(ctx context.Context, cfg *Validated, log *slog.Logger, kernel Kernel, s seams) (_ *Node, err error) {
 	r, err := New(cfg, log)
 	if err != nil {
 		return nil, err
@@ -37,6 +59,10 @@ func Build(ctx context.Context, cfg *Validated, log *slog.Logger, kernel Kernel)
 	if kernel != nil {
 		r.kernel = kernel
 	}
+	if s.cniSrcDir != "" {
+		r.srcDir = s.cniSrcDir
+	}
+	r.seams = s
 	n := &Node{Router: r}
 	n.closers = append(n.closers, r.db.Close)
 	defer func() {

@@ -136,19 +136,21 @@ func ParseInit(s string) (InitMode, error) {
 	return InitMode{}, fmt.Errorf("invalid --ipalloc-init %q: use consensus[=N], seed=name1,name2,... or observer", s)
 }
 
-// Validated is a Config with its values parsed.
+// Validated is a Config with its values parsed, each under a name of its
+// own (EncapMode for Encap, HostAddr for Host, ...), so that a Config
+// field is never shadowed: cfg.Host is always the flag's text.
 type Validated struct {
 	Config
-	Universe netip.Prefix
-	Init     InitMode
-	Encap    tunnel.Mode
-	Host     netip.Addr // zero: detect from the default route
-	Peers    []string
-	Level    slog.Level
-	// Password is the shared secret (from --password-file or
+	Universe  netip.Prefix
+	Init      InitMode
+	EncapMode tunnel.Mode // --encap
+	HostAddr  netip.Addr  // --host; zero: detect from the default route
+	PeerList  []string    // --peers
+	Level     slog.Level
+	// Secret is the shared password (from --password-file or
 	// WEFT_PASSWORD); nil means no encryption.
-	Password       []byte
-	TrustedSubnets []netip.Prefix
+	Secret          []byte
+	TrustedPrefixes []netip.Prefix // --trusted-subnets
 }
 
 // Validate checks every option and returns them parsed; the error names the
@@ -166,14 +168,14 @@ func (c Config) Validate() (*Validated, error) {
 	add(err)
 	v.Init, err = ParseInit(c.IPAllocInit)
 	add(err)
-	v.Encap, err = tunnel.ParseMode(c.Encap)
+	v.EncapMode, err = tunnel.ParseMode(c.Encap)
 	add(err)
 	if err := v.Level.UnmarshalText([]byte(c.LogLevel)); err != nil {
 		add(fmt.Errorf("invalid --log-level %q: use debug, info, warn or error", c.LogLevel))
 	}
 	if c.Host != "" {
-		v.Host, err = netip.ParseAddr(c.Host)
-		if err != nil || !v.Host.Is4() {
+		v.HostAddr, err = netip.ParseAddr(c.Host)
+		if err != nil || !v.HostAddr.Is4() {
 			add(fmt.Errorf("invalid --host %q: give this node's IPv4 underlay address", c.Host))
 		}
 	}
@@ -191,7 +193,7 @@ func (c Config) Validate() (*Validated, error) {
 	}
 	for _, p := range strings.Split(c.Peers, ",") {
 		if p = strings.TrimSpace(p); p != "" {
-			v.Peers = append(v.Peers, p)
+			v.PeerList = append(v.PeerList, p)
 		}
 	}
 	if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
@@ -208,7 +210,7 @@ func (c Config) Validate() (*Validated, error) {
 	if err := validateIfName(c.Bridge); err != nil {
 		add(fmt.Errorf("invalid --bridge %q: %w", c.Bridge, err))
 	}
-	v.Password, err = c.password()
+	v.Secret, err = c.password()
 	add(err)
 	for _, s := range strings.Split(c.TrustedSubnets, ",") {
 		if s = strings.TrimSpace(s); s == "" {
@@ -219,7 +221,7 @@ func (c Config) Validate() (*Validated, error) {
 			add(fmt.Errorf("invalid --trusted-subnets entry %q: give IPv4 CIDRs, e.g. 10.0.0.0/16,192.168.1.0/24", s))
 			continue
 		}
-		v.TrustedSubnets = append(v.TrustedSubnets, p.Masked())
+		v.TrustedPrefixes = append(v.TrustedPrefixes, p.Masked())
 	}
 	if c.Kube {
 		switch c.KubeAddressType {

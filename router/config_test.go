@@ -70,8 +70,8 @@ func TestPassword(t *testing.T) {
 	c := validConfig(t)
 	c.PasswordFile = write("pw", "correct horse battery\n")
 	v, err := c.Validate()
-	if err != nil || string(v.Password) != "correct horse battery" {
-		t.Fatalf("Validate() = %q, %v; want the file's password without its line break", v.Password, err)
+	if err != nil || string(v.Secret) != "correct horse battery" {
+		t.Fatalf("Validate() = %q, %v; want the file's password without its line break", v.Secret, err)
 	}
 	if opts := c.Options(); opts["password"] != "<redacted>" || strings.Contains(fmt.Sprint(opts), "horse") {
 		t.Fatalf("options line shows %v", opts)
@@ -81,15 +81,15 @@ func TestPassword(t *testing.T) {
 		t.Fatalf("empty password file: %v", err)
 	}
 	c.PasswordFile, c.Password = "", "from the environment"
-	if v, err := c.Validate(); err != nil || string(v.Password) != "from the environment" {
-		t.Fatalf("WEFT_PASSWORD: %q, %v", v.Password, err)
+	if v, err := c.Validate(); err != nil || string(v.Secret) != "from the environment" {
+		t.Fatalf("WEFT_PASSWORD: %q, %v", v.Secret, err)
 	}
 	if strings.Contains(fmt.Sprint(c.Options()), "environment") {
 		t.Fatal("options line shows the password")
 	}
 	c.Password = ""
-	if v, err := c.Validate(); err != nil || v.Password != nil || c.Options()["password"] != "" {
-		t.Fatalf("no password: %q, %v", v.Password, err)
+	if v, err := c.Validate(); err != nil || v.Secret != nil || c.Options()["password"] != "" {
+		t.Fatalf("no password: %q, %v", v.Secret, err)
 	}
 }
 
@@ -142,12 +142,12 @@ func TestRequirePassword(t *testing.T) {
 		t.Fatalf("no password with --require-password: %v", err)
 	}
 	c.Password = "a-long-enough-password"
-	if v, err := c.Validate(); err != nil || string(v.Password) != c.Password {
-		t.Fatalf("a password with --require-password: %q, %v", v.Password, err)
+	if v, err := c.Validate(); err != nil || string(v.Secret) != c.Password {
+		t.Fatalf("a password with --require-password: %q, %v", v.Secret, err)
 	}
 	c.RequirePassword, c.Password = false, ""
-	if v, err := c.Validate(); err != nil || v.Password != nil {
-		t.Fatalf("neither: %q, %v", v.Password, err)
+	if v, err := c.Validate(); err != nil || v.Secret != nil {
+		t.Fatalf("neither: %q, %v", v.Secret, err)
 	}
 }
 

@@ -38,12 +38,12 @@ func (r *Router) openTunnel() error {
 	}
 	cfg := tunnel.Config{
 		Self:           r.name,
-		Mode:           r.cfg.Encap,
+		Mode:           r.cfg.EncapMode,
 		MTU:            ns.mtu,
 		UnderlayMTU:    ns.underlayMTU,
 		Underlay:       ns.host,
 		Listen:         listen,
-		TrustedSubnets: r.cfg.TrustedSubnets,
+		TrustedSubnets: r.cfg.TrustedPrefixes,
 		Logger:         r.log,
 		Registerer:     r.metrics.reg,
 	}
@@ -64,17 +64,17 @@ func (r *Router) openTunnel() error {
 // deriveKeys turns the password into the gossip key and the data plane's
 // pre-shared key (a deliberately slow KDF: once, at start).
 func (r *Router) deriveKeys() error {
-	if r.cfg.Password == nil {
+	if r.cfg.Secret == nil {
 		r.log.Warn("no password set: traffic between nodes (gossip and pod data) is NOT encrypted and any host that reaches the gossip port can join; set --password-file or WEFT_PASSWORD on every node")
 		return nil
 	}
 	start := time.Now()
-	keys, err := crypt.DeriveKeys(r.cfg.Password)
+	keys, err := crypt.DeriveKeys(r.cfg.Secret)
 	if err != nil {
 		return fmt.Errorf("deriving keys from the password: %w", err)
 	}
 	r.keys = &keys
-	r.log.Info("encryption enabled: gossip authenticated and encrypted, pod data sealed per peer", "kdf-time", time.Since(start).Round(time.Millisecond), "trusted-subnets", r.cfg.TrustedSubnets)
+	r.log.Info("encryption enabled: gossip authenticated and encrypted, pod data sealed per peer", "kdf-time", time.Since(start).Round(time.Millisecond), "trusted-subnets", r.cfg.TrustedPrefixes)
 	return nil
 }
 

@@ -59,7 +59,7 @@ func (r *Router) openIPAM(ctx context.Context) error {
 func (r *Router) otherTargets() []string {
 	host := r.net().host
 	var out []string
-	for _, p := range r.cfg.Peers {
+	for _, p := range r.cfg.PeerList {
 		h := p
 		if ap, err := netip.ParseAddrPort(p); err == nil {
 			h = ap.Addr().String()

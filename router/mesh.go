@@ -43,10 +43,12 @@ func (r *Router) newMesh() error {
 		PublicKey:     r.tunnel.PublicKey(),
 		SecretKey:     r.gossipKey(),
 		Version:       Version,
-		Peers:         r.cfg.Peers,
+		Peers:         r.cfg.PeerList,
 		Remembered:    remembered,
 		Logger:        r.log,
 		Registerer:    r.metrics.reg,
+		Transport:     r.seams.gossip,
+		Timings:       r.seams.meshTimings,
 	})
 	if err != nil {
 		return err

@@ -40,6 +40,7 @@ type Router struct {
 	srcDir  string // where weft-cni and portmap are installed from
 
 	kernel Kernel // the node's network: underlay, bridge, tunnel
+	seams  seams  // a test's replacements (build.go); zero in production
 
 	mesh       *mesh.Mesh                // set by Build
 	ipamCh     *mesh.Channel             // the allocator's gossip channel
@@ -149,7 +150,7 @@ func (r *Router) teardown() error {
 // setupUnderlay finds the underlay address and derives the pod MTU.
 func (r *Router) setupUnderlay() error {
 	ifName, underMTU, defAddr, routeErr := r.kernel.DefaultRoute()
-	host := r.cfg.Host
+	host := r.cfg.HostAddr
 	switch {
 	case host.IsValid():
 		if routeErr != nil {
@@ -161,11 +162,11 @@ func (r *Router) setupUnderlay() error {
 	default:
 		host = defAddr
 	}
-	mtu, err := tunnel.PodMTU(underMTU, r.cfg.MTU, r.cfg.Encap)
+	mtu, err := tunnel.PodMTU(underMTU, r.cfg.MTU, r.cfg.EncapMode)
 	if err != nil {
 		return err
 	}
-	r.log.Info("underlay", "host", host, "interface", ifName, "underlay-mtu", underMTU, "pod-mtu", mtu, "encap", r.cfg.Encap)
+	r.log.Info("underlay", "host", host, "interface", ifName, "underlay-mtu", underMTU, "pod-mtu", mtu, "encap", r.cfg.EncapMode)
 	r.mu.Lock()
 	r.netState = netState{host: host, mtu: mtu, underlayMTU: underMTU}
 	r.mu.Unlock()

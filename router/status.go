@@ -95,7 +95,7 @@ func (r *Router) Report() Report {
 		Version: Version,
 		Router: RouterReport{
 			Name: r.name, Nickname: r.cfg.Nickname, Host: net.host.String(),
-			Bridge: r.cfg.Bridge, MTU: net.mtu, Encap: string(r.cfg.Encap),
+			Bridge: r.cfg.Bridge, MTU: net.mtu, Encap: string(r.cfg.EncapMode),
 			Ready: ready, Reason: reason,
 		},
 		IPAM: IPAMReport{
