@@ -19,7 +19,7 @@ import (
 // The contract with the shell, for every Ready, in order:
 //
 //  1. Persist: Ready.Ring, Ready.Paxos, Ready.Removed (with
-//     Ready.Reclaimed), Ready.Members and Ready.Allocs, in one transaction (HardState.Apply shows what that means). If that
+//     Ready.Reclaimed), Ready.Members, Ready.Rejoin and Ready.Allocs, in one transaction (HardState.Apply shows what that means). If that
 //     fails, drop this Peer and build a new one from what is on disk: never
 //     send or answer what was not saved.
 //  2. Send: Ready.Broadcast to every peer (gossip), Ready.Messages to their
