@@ -727,6 +727,9 @@ func (p *Peer) Tick() {
 	p.now++
 	p.tickLeave()
 	if p.px != nil && p.a.ring.Empty() && p.leave == nil {
+		for q := range p.removed {
+			p.px.Forget(q) // a removed peer's other N no longer halts the claim
+		}
 		// A consensus peer works on the first claim from its first tick,
 		// whether or not anything waits for an address yet.
 		p.paxosOut(p.px.Propose())
