@@ -208,6 +208,7 @@ type HardState struct {
 	Paxos       PaxosState
 	Removed     map[PeerName]PeerName // removed peer -> its reclaimer
 	Reclaimed   []PeerName            // removed peers whose ranges this peer took over
+	Withdrawn   []PeerName            // removals this peer withdrew that not every member has confirmed
 	Members     []PeerName            // the peers that share this ring, sorted (the barrier of a reclaim)
 	Allocations map[Key]Address
 	Left        PeerName // the heir, once this peer has left the cluster (weft reset)
@@ -226,6 +227,7 @@ func (h *HardState) Apply(rd Ready) {
 	if rd.Removed != nil {
 		h.Removed = maps.Clone(rd.Removed)
 		h.Reclaimed = slices.Clone(rd.Reclaimed)
+		h.Withdrawn = slices.Clone(rd.Withdrawn)
 	}
 	if rd.Members != nil {
 		h.Members = slices.Clone(rd.Members)
@@ -251,7 +253,7 @@ func (h *HardState) Apply(rd Ready) {
 // Clone returns a deep copy.
 func (h HardState) Clone() HardState {
 	c := HardState{Paxos: h.Paxos, Removed: maps.Clone(h.Removed), Allocations: maps.Clone(h.Allocations), Left: h.Left,
-		Reclaimed: slices.Clone(h.Reclaimed), Members: slices.Clone(h.Members), Rejoin: h.Rejoin}
+		Reclaimed: slices.Clone(h.Reclaimed), Withdrawn: slices.Clone(h.Withdrawn), Members: slices.Clone(h.Members), Rejoin: h.Rejoin}
 	c.Paxos.Value = slices.Clone(h.Paxos.Value)
 	if h.Ring != nil {
 		c.Ring = h.Ring.Clone()
@@ -265,8 +267,10 @@ type Ready struct {
 	Ring    *Ring                 // the whole ring, when it changed
 	Paxos   *PaxosState           // when it changed
 	Removed map[PeerName]PeerName // the whole set, when it changed
-	// Reclaimed goes with Removed (the whole set, whenever Removed is set).
+	// Reclaimed and Withdrawn go with Removed (the whole sets, whenever
+	// Removed is set).
 	Reclaimed []PeerName
+	Withdrawn []PeerName
 	Members   []PeerName    // the whole set, when it changed
 	Allocs    []AllocChange // in order
 	Left      PeerName      // the heir, when this peer has just left (weft reset)
@@ -517,6 +521,7 @@ func (p *Peer) Ready() Ready {
 	if p.removedDirty {
 		rd.Removed = maps.Clone(p.removed)
 		rd.Reclaimed = slices.Sorted(maps.Keys(p.reclaimed))
+		rd.Withdrawn = slices.Sorted(maps.Keys(p.withdrawing))
 		p.removedDirty = false
 	}
 	if p.membersDirty {
@@ -635,6 +640,9 @@ func (p *Peer) Step(from PeerName, m Msg) error {
 	if p.leave != nil {
 		return p.stepLeft(from, m)
 	}
+	if p.removedErr() != nil {
+		return p.stepRemovedSelf(from, m)
+	}
 	var err error
 	var ring *Ring // the sender's ring, if the message carries one
 	switch m := m.(type) {
@@ -668,6 +676,8 @@ func (p *Peer) Step(from PeerName, m Msg) error {
 		p.ringPeers[from] = true
 		delete(p.foreign, from)
 		p.checkRejoin()
+	case errors.Is(err, ErrRangeTaken) && ring != nil:
+		p.takenOver(from, ring)
 	case errors.Is(err, ErrSplitRing) && !p.foreign[from]:
 		// A peer of another ring never acknowledges this ring's removals,
 		// takes no donation from it and cannot be its heir: waiting for it
@@ -768,16 +778,16 @@ func (p *Peer) Tick() {
 // peer has space, later when it must wait for the first claim or a
 // donation, or an error after Timing.AllocDeadline ticks.
 func (p *Peer) Allocate(k Key) {
+	if err := p.removedErr(); err != nil { // also for a key it holds: its address may be another's now
+		p.rd.Answers = append(p.rd.Answers, Answer{Key: k, Err: err})
+		return
+	}
 	if addr, ok := p.a.Lookup(k); ok {
 		p.rd.Answers = append(p.rd.Answers, Answer{Key: k, Address: addr})
 		return
 	}
 	if p.leave != nil {
 		p.rd.Answers = append(p.rd.Answers, Answer{Key: k, Err: ErrLeft})
-		return
-	}
-	if err := p.removedErr(); err != nil {
-		p.rd.Answers = append(p.rd.Answers, Answer{Key: k, Err: err})
 		return
 	}
 	for _, w := range p.pending {

@@ -103,11 +103,11 @@ func (p *Peer) Leave(alive func(PeerName) bool, force bool) (LeaveResult, error)
 		}
 	}
 	heir, ok := p.pickHeir(alive)
-	if by, removed := p.removed[p.cfg.Self]; removed {
-		// Removed: its reclaimer takes over whatever it owns; nothing
-		// to hand over, and nobody would listen to a Handover anyway.
+	removedBy, removed := p.removed[p.cfg.Self]
+	if removed {
+		// Its reclaimer takes over whatever it owns: nothing to hand
+		// over, and nobody would listen to a Handover anyway.
 		heir, ok = "", true
-		p.event(false, "ipalloc: leaving the cluster (weft reset) after %s removed this peer: %s takes over its ranges", by, by)
 	}
 	if !ok && !p.a.ring.Empty() {
 		others := slices.DeleteFunc(p.a.ring.Peers(), func(q PeerName) bool { return q == p.cfg.Self })
@@ -130,6 +130,10 @@ func (p *Peer) Leave(alive func(PeerName) bool, force bool) (LeaveResult, error)
 	p.leftDirty = true
 	p.ringChanged(!p.a.ring.Empty())
 	switch {
+	case removed:
+		p.event(false, "ipalloc: leaving the cluster (weft reset) after %s removed this peer: %s takes over its ranges; %d allocations dropped",
+			removedBy, removedBy, len(res.Dropped))
+		return res, nil
 	case heir == "" && p.a.ring.Empty():
 		p.event(false, "ipalloc: leaving the cluster (weft reset) before the ring was claimed: nothing to hand over; "+
 			"if the first claim names this peer, run weft rmpeer %s on another peer", p.cfg.Self)

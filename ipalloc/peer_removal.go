@@ -34,8 +34,9 @@ import (
 //
 // Withdrawn. While the barrier of a reclaim is open, nothing of X's has
 // been taken over, so the reclaimer may call it off (Withdraw): it
-// forgets the removal and tells every member, and X, with Withdraw; each
-// forgets the removal if it was by that reclaimer, and answers. Once the
+// forgets the removal and tells every member, and X, with Withdraw, until
+// each has answered (kept on disk until then); each forgets the removal if
+// it was by that reclaimer, and answers. Once the
 // barrier has completed (recorded on disk), a removal can no longer be
 // withdrawn: X's ranges belong to the reclaimer.
 
@@ -93,6 +94,11 @@ func (p *Peer) restoreMembers(hs HardState) {
 	for _, q := range hs.Reclaimed {
 		if _, ok := hs.Removed[q]; ok {
 			p.reclaimed[q] = true
+		}
+	}
+	for _, q := range hs.Withdrawn {
+		if _, ok := hs.Removed[q]; !ok && ValidatePeerName(q) == nil {
+			p.withdrawing[q] = map[PeerName]bool{} // resent at the first tick that resends
 		}
 	}
 	n := len(p.members)
@@ -192,6 +198,56 @@ func (p *Peer) removeSelf(by PeerName) {
 	p.serve() // answers what waits with the error
 }
 
+// stepRemovedSelf handles a message on a peer that knows it is removed.
+// It merges no ring: its entries are its reclaimer's now, and its view of
+// them no longer counts (it may hold changes nobody saw, made while it was
+// cut off, which the reclaimer's takeover contradicts). It answers what
+// others wait for, names its reclaimer to a peer that would hand it its
+// ranges, and listens for a withdrawal.
+func (p *Peer) stepRemovedSelf(from PeerName, m Msg) error {
+	switch m := m.(type) {
+	case *Withdraw:
+		p.stepWithdraw(from, m)
+	case *WithdrawAck:
+		p.stepWithdrawAck(from, m)
+	case *Remove:
+		p.stepRemove(from, m)
+	case *DonateRequest:
+		p.send(from, &Denial{ID: m.ID})
+	case *Denial:
+		p.stepDenial(from, m)
+	case *Handover:
+		p.send(from, &HandoverAck{ID: m.ID, Heir: p.removed[p.cfg.Self]})
+	case *HandoverAck:
+		p.stepHandoverAck(from, m)
+	case *PaxosMsg:
+		return p.stepPaxos(from, m)
+	}
+	return nil
+}
+
+// takenOver handles a ring from a live peer that gives ranges this peer
+// owns to another: only a reclaim changes an entry that its owner did not,
+// so this peer was removed (weft rmpeer, or its Node deleted, while it
+// was cut off from its reclaimer), or its disk is older than what it told
+// the others (a restored backup). Either way its ranges are no longer its
+// own: it stops allocating as a removed peer does, and says so.
+func (p *Peer) takenOver(from PeerName, r *Ring) {
+	var by PeerName
+	for _, rg := range p.a.Owned() {
+		if q, ok := r.Owner(rg.Start); ok && q != p.cfg.Self {
+			by = q
+			break
+		}
+	}
+	if by == "" || ValidatePeerName(by) != nil {
+		return
+	}
+	p.event(true, "ipalloc: the ring from %s takes ranges this peer owns (it gives them to %s): this peer was removed while it was cut off "+
+		"(or its state is older than what it told the others)", from, by)
+	p.removeSelf(by)
+}
+
 // tellRemoved tells x, a peer this one removes that still talks (it was
 // down or cut off while it was removed, and is back), that it is removed,
 // at most once every Timing.RemoveRetry ticks.
@@ -283,4 +339,5 @@ func (p *Peer) stepWithdrawAck(from PeerName, m *WithdrawAck) {
 		}
 	}
 	delete(p.withdrawing, m.Peer)
+	p.removedDirty = true
 }

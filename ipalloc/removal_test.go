@@ -189,12 +189,14 @@ func TestRemovedPeerStopsAllocating(t *testing.T) {
 	}
 	check := func(when string) {
 		t.Helper()
-		x.Allocate(key(2))
-		c.ready("x")
-		a := c.answer[key(2)]
-		var re *RemovedError
-		if !errors.Is(a.Err, ErrRemoved) || !errors.As(a.Err, &re) || re.By != "a" || re.Self != "x" {
-			t.Fatalf("%s: a removed peer answered %+v", when, a)
+		for _, k := range []Key{key(1), key(2)} { // one it holds, one new
+			x.Allocate(k)
+			c.ready("x")
+			a := c.answer[k]
+			var re *RemovedError
+			if !errors.Is(a.Err, ErrRemoved) || !errors.As(a.Err, &re) || re.By != "a" || re.Self != "x" {
+				t.Fatalf("%s: a removed peer answered %+v", when, a)
+			}
 		}
 		if _, ok := x.Lookup(key(2)); ok {
 			t.Fatalf("%s: a removed peer allocated", when)
@@ -242,6 +244,16 @@ func TestWithdrawReclaim(t *testing.T) {
 	}
 	if err := b.Withdraw("x"); !isReclaiming(err, "x", "a") {
 		t.Errorf("b withdrew a's removal: %v", err)
+	}
+	// Only the reclaimer's Withdraw counts.
+	for _, n := range []PeerName{"b", "x"} {
+		if err := c.peers[n].Step("c", &Withdraw{Peer: "x"}); err != nil {
+			t.Fatal(err)
+		}
+		c.ready(n)
+		if _, ok := c.peers[n].Removed()["x"]; !ok {
+			t.Fatalf("%s took c's Withdraw of a's removal of x", n)
+		}
 	}
 	if err := a.Withdraw("x"); err != nil {
 		t.Fatal(err)
@@ -387,5 +399,138 @@ func TestRemovedPeerBackAfterTakeover(t *testing.T) {
 		if _, ok := m.Msg.(*Remove); ok && m.To == "x" {
 			t.Fatal("x told again at once")
 		}
+	}
+}
+
+// TestWithdrawSurvivesRestart: a member that missed the withdrawal (cut
+// off) gets it after the reclaimer restarted: the withdrawal is on disk
+// until every member confirmed it.
+func TestWithdrawSurvivesRestart(t *testing.T) {
+	c := newCluster(t, "10.32.0.0/24", seeded("a", "b", "c", "d", "x"))
+	c.run(3)
+	c.cut["d"] = true // holds the barrier open
+	a := c.peers["a"]
+	if err := a.PeerGone("x"); err != nil {
+		t.Fatal(err)
+	}
+	c.ready("a")
+	c.run(2)
+	if _, ok := c.peers["c"].Removed()["x"]; !ok {
+		t.Fatal("c did not record the removal")
+	}
+	c.cut["c"] = true // misses the withdrawal
+	if err := a.Withdraw("x"); err != nil {
+		t.Fatal(err)
+	}
+	c.ready("a")
+	c.run(2)
+	if !slices.Contains(c.disk["a"].Withdrawn, "x") {
+		t.Fatalf("the open withdrawal is not on disk: %v", c.disk["a"].Withdrawn)
+	}
+	c.queue = nil
+	c.restartKnowing("a", []PeerName{"b", "c", "d", "x"})
+	clear(c.cut)
+	c.run(3 * simTiming.RemoveRetry)
+	for _, n := range c.names {
+		if _, ok := c.peers[n].Removed()["x"]; ok {
+			t.Errorf("%s still has x removed", n)
+		}
+	}
+	if len(c.disk["a"].Withdrawn) != 0 {
+		t.Errorf("withdrawal still open on disk once all confirmed: %v", c.disk["a"].Withdrawn)
+	}
+}
+
+// TestReclaimBarrierRingOwners: an owner known only from a merged ring
+// (it got a donation from b, and a never heard from it) is a member: the
+// reclaim waits for it.
+func TestReclaimBarrierRingOwners(t *testing.T) {
+	c := newCluster(t, "10.32.0.0/24", seeded("a", "b", "x"))
+	c.run(3)
+	b := c.peers["b"]
+	if err := b.Step("n", &DonateRequest{ID: 1}); err != nil {
+		t.Fatal(err)
+	}
+	c.ready("b")
+	c.run(2) // b's ring reaches a; n is not in the cluster helper's network
+	a := c.peers["a"]
+	if !slices.Contains(a.Ring().Peers(), "n") || !slices.Contains(a.Members(), "n") {
+		t.Fatalf("a's ring owners %v, members %v", a.Ring().Peers(), a.Members())
+	}
+	c.peers["x"] = nil
+	if err := a.PeerGone("x"); err != nil {
+		t.Fatal(err)
+	}
+	c.ready("a")
+	c.run(2 * simTiming.RemoveRetry)
+	if got := a.Status().Reclaims["x"]; !slices.Equal(got, []PeerName{"n"}) {
+		t.Fatalf("the reclaim waits for %v, want [n]", got)
+	}
+}
+
+func TestWithdrawCodec(t *testing.T) {
+	for _, m := range []Msg{&Withdraw{Peer: "x"}, &WithdrawAck{Peer: "peer-1"}} {
+		b := EncodeMsg(m)
+		got, err := DecodeMsg(b)
+		if err != nil {
+			t.Fatalf("%T: %v", m, err)
+		}
+		if EncodeMsg(got) == nil || string(EncodeMsg(got)) != string(b) {
+			t.Errorf("%T does not round-trip: %+v", m, got)
+		}
+		if _, err := DecodeMsg(b[:len(b)-1]); !errors.Is(err, ErrBadMessage) {
+			t.Errorf("%T cut short: %v", m, err)
+		}
+		if _, err := DecodeMsg(append(b, 0)); !errors.Is(err, ErrBadMessage) {
+			t.Errorf("%T with a byte more: %v", m, err)
+		}
+	}
+	if _, err := DecodeMsg([]byte{wireFormat, byte(kindWithdraw), 0}); !errors.Is(err, ErrBadMessage) {
+		t.Errorf("Withdraw of an empty name: %v", err)
+	}
+}
+
+// TestRemovedPeerLeaves: weft reset on a removed peer needs no heir: its
+// reclaimer takes over what it owns.
+func TestRemovedPeerLeaves(t *testing.T) {
+	c := newCluster(t, "10.32.0.0/24", seeded("a", "b", "x"))
+	c.run(3)
+	x := c.peers["x"]
+	if err := x.Step("a", &Remove{Peer: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	c.ready("x")
+	res, err := x.Leave(func(PeerName) bool { return false }, true) // nobody reachable
+	if err != nil || res.Heir != "" {
+		t.Fatalf("Leave of a removed peer = %+v, %v", res, err)
+	}
+	c.ready("x")
+	if left, _, done := x.Leaving(); !left || !done || !c.hasEvent("x: ipalloc: leaving the cluster (weft reset) after a removed this peer") {
+		t.Fatalf("left %v done %v; events %v", left, done, c.events)
+	}
+}
+
+// TestRemovedPeerLearnsFromTakeover: x was removed while cut off from its
+// reclaimer (a one-way cut: it never got the Remove); the first ring that
+// shows the takeover tells it, and it stops allocating.
+func TestRemovedPeerLearnsFromTakeover(t *testing.T) {
+	c := newCluster(t, "10.32.0.0/24", seeded("a", "b", "x"))
+	c.run(3)
+	r := c.peers["b"].Ring()
+	if _, err := r.Reclaim("x", "a"); err != nil { // a's takeover, as b merged it
+		t.Fatal(err)
+	}
+	x := c.peers["x"]
+	if err := x.Step("b", &RingMsg{Ring: r}); !errors.Is(err, ErrRangeTaken) {
+		t.Fatalf("Step = %v, want ErrRangeTaken", err)
+	}
+	x.Allocate(key(1))
+	rd := x.Ready()
+	var re *RemovedError
+	if len(rd.Answers) != 1 || !errors.As(rd.Answers[0].Err, &re) || re.By != "a" {
+		t.Fatalf("x allocated after its ranges were taken over: %+v", rd.Answers)
+	}
+	if rd.Removed["x"] != "a" {
+		t.Errorf("the removal is not saved: %v", rd.Removed)
 	}
 }

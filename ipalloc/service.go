@@ -25,6 +25,7 @@ const (
 	keyPaxos          = "paxos"
 	keyRemoved        = "removed"
 	keyReclaimed      = "reclaimed"
+	keyWithdrawn      = "withdrawn"
 	keyMembers        = "members"
 	keyLeft           = "left"
 	keyRejoin         = "rejoin"
@@ -238,6 +239,11 @@ func (s *Service) load() error {
 				return fmt.Errorf("the finished reclaims saved in %s are unreadable: %w", s.db.Path(), err)
 			}
 		}
+		if data := b.Get([]byte(keyWithdrawn)); len(data) > 0 {
+			if err := json.Unmarshal(data, &hs.Withdrawn); err != nil {
+				return fmt.Errorf("the withdrawn removals saved in %s are unreadable: %w", s.db.Path(), err)
+			}
+		}
 		if data := b.Get([]byte(keyMembers)); len(data) > 0 {
 			if err := json.Unmarshal(data, &hs.Members); err != nil {
 				return fmt.Errorf("the peers of the ring saved in %s are unreadable: %w", s.db.Path(), err)
@@ -438,6 +444,9 @@ func (s *Service) persistLocked(rd Ready) error {
 				return err
 			}
 			if err := put(keyReclaimed, rd.Reclaimed); err != nil {
+				return err
+			}
+			if err := put(keyWithdrawn, rd.Withdrawn); err != nil {
 				return err
 			}
 		}

@@ -99,3 +99,47 @@ func TestSetFreeVersionOverflow(t *testing.T) {
 		t.Fatalf("SetFree one below the highest version: %+v", r.Entries[0])
 	}
 }
+
+// TestServiceReclaimState: the removal's state goes through the real
+// database: an open withdrawal and a finished reclaim survive a restart.
+func TestServiceReclaimState(t *testing.T) {
+	e := newSvcEnv(t, "10.32.0.0/24")
+	svc := e.mustStart()
+	if err := svc.Step("x", EncodeMsg(&DonateRequest{ID: 1})); err != nil { // x owns a range
+		t.Fatal(err)
+	}
+	if err := svc.AddMembers([]PeerName{"k"}); err != nil { // holds the barrier open
+		t.Fatal(err)
+	}
+	if err := svc.PeerGone("x"); err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.Withdraw("x"); err != nil {
+		t.Fatal(err)
+	}
+	svc = e.restart()
+	if _, open := svc.p.withdrawing["x"]; !open {
+		t.Fatal("the open withdrawal of x was lost in a restart")
+	}
+	if rec, _ := svc.Reclaiming("x"); rec {
+		t.Fatal("x is reclaimed again after a restart")
+	}
+	if err := svc.PeerGone("x"); err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.PeerGone("k"); err != nil { // k is gone too: x's reclaim completes
+		t.Fatal(err)
+	}
+	if _, done := svc.Reclaiming("x"); !done {
+		t.Fatalf("x not reclaimed: %+v", svc.Status().Reclaims)
+	}
+	svc = e.restart()
+	if err := svc.Withdraw("x"); !errors.Is(err, ErrReclaimDone) {
+		t.Fatalf("withdrawal after the takeover and a restart: %v", err)
+	}
+	for _, en := range svc.Ring().Entries {
+		if en.Peer == "x" {
+			t.Fatalf("x owns %s after the takeover", en.Token)
+		}
+	}
+}

@@ -19,7 +19,9 @@
 //     "registered": "<time>", "reclaimer": "<peer name>", "reclaimStarted":
 //     "<time>"}}. Every router registers itself at start. "reclaimer" is the
 //     marker of a reclaim in progress: that peer won the compare-and-swap
-//     and is taking the ranges over.
+//     and is taking the ranges over. "calledOff" names a reclaimer whose
+//     reclaim this peer's registration called off (it came back): that
+//     router withdraws the reclaim in its allocator and clears it.
 //   - "reclaimed": {"<peer name>": {"node": "...", "by": "<peer name>",
 //     "at": "<time>"}}: the reclaims done in the last TombstoneTTL, so that
 //     if their reclaimer's node goes too, the next reclaimer also finishes
@@ -75,8 +77,10 @@ type Config struct {
 	// weft rmpeer does). Exactly one live router calls it per deleted peer.
 	// It must be idempotent: after a restart, or when taking over from a
 	// reclaimer that died, it is called again for the same peer, and it
-	// should return nil when the peer is already being reclaimed or is
-	// unknown. An error is logged and the call retried at the next pass.
+	// should return nil when this router reclaims the peer already, or
+	// the peer is unknown. An error (another peer's reclaim that is not
+	// done, say) keeps the marker: it is logged and the call retried at
+	// the next pass.
 	// Nil: this router never reclaims.
 	Reclaim func(ctx context.Context, peer string) error
 	// PeerAlive, if set, is the mesh's view: a peer it sees alive is not
