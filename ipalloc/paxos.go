@@ -243,6 +243,10 @@ func (px *Paxos) CheckSize(from PeerName, m *PaxosMsg) error {
 	return &ConsensusSizeError{Peer: from, Local: px.expected, Remote: int(m.Size)}
 }
 
+// Forget drops a conflict with peer q (it was removed: it is gone for
+// good and takes no part).
+func (px *Paxos) Forget(q PeerName) { delete(px.conflicts, q) }
+
 // Halted reports whether this participant stopped on another peer's N.
 func (px *Paxos) Halted() bool { return len(px.conflicts) > 0 }
 

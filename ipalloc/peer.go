@@ -19,7 +19,7 @@ import (
 // The contract with the shell, for every Ready, in order:
 //
 //  1. Persist: Ready.Ring, Ready.Paxos, Ready.Removed (with
-//     Ready.Reclaimed), Ready.Members and Ready.Allocs, in one transaction (HardState.Apply shows what that means). If that
+//     Ready.Reclaimed), Ready.Members, Ready.Rejoin and Ready.Allocs, in one transaction (HardState.Apply shows what that means). If that
 //     fails, drop this Peer and build a new one from what is on disk: never
 //     send or answer what was not saved.
 //  2. Send: Ready.Broadcast to every peer (gossip), Ready.Messages to their
@@ -737,6 +737,9 @@ func (p *Peer) Tick() {
 	p.now++
 	p.tickLeave()
 	if p.px != nil && p.a.ring.Empty() && p.leave == nil {
+		for q := range p.removed {
+			p.px.Forget(q) // a removed peer's other N no longer halts the claim
+		}
 		// A consensus peer works on the first claim from its first tick,
 		// whether or not anything waits for an address yet.
 		p.paxosOut(p.px.Propose())
