@@ -60,6 +60,9 @@ type Peer struct {
 	ask      *donationAsk
 	tried    map[PeerName]bool // donors that denied or timed out this round
 	askAfter int64             // no new request before this tick
+	// holdAskAt: while holding back (rejoin), no request before this tick.
+	holdAskAt  int64
+	holdAskSet bool
 	// Donations given: the last request id served per requester.
 	served map[PeerName]uint64
 

@@ -21,6 +21,23 @@ func (p *Peer) askDonation() {
 	if p.ask != nil || len(p.pending) == 0 || p.a.ring.Empty() || p.now < p.askAfter {
 		return
 	}
+	if p.removedErr() != nil {
+		return // its ranges are its reclaimer's; it needs no space
+	}
+	if p.rejoin {
+		// Holding back, it does not know yet what it owns (peer_rejoin.go),
+		// and the owners' rings usually reach it within moments (at a
+		// fresh cluster's first claim, each owner broadcasts its own). Only
+		// a hold that lasts (a lost disk: nobody has news to broadcast)
+		// asks, once a donation retry has passed: the answer brings the
+		// donor's ring, which the hold waits for.
+		if !p.holdAskSet {
+			p.holdAskAt, p.holdAskSet = p.now+int64(p.cfg.Timing.DonationRetry), true
+		}
+		if p.now < p.holdAskAt {
+			return
+		}
+	}
 	donor, ok := p.pickDonor()
 	if !ok {
 		clear(p.tried)
