@@ -298,6 +298,21 @@ func (s *sim) start(sp *simPeer) {
 		p.HoldFound(maps.Clone(sp.found))
 	}
 	s.ready(sp)
+	// The mesh's join: the router tells its allocator of every member it
+	// sees (routineMembers), and the members see the newcomer, so both
+	// sides learn of each other if they can talk both ways.
+	for _, q := range s.peers {
+		if sp.p == nil {
+			return // it went (a confirmed leave)
+		}
+		if q == sp || q.p == nil || !s.connected(sp.name, q.name) || !s.connected(q.name, sp.name) {
+			continue
+		}
+		q.p.AddPeer(sp.name)
+		s.ready(q)
+		sp.p.AddPeer(q.name)
+		s.ready(sp)
+	}
 }
 
 func (s *sim) up() []*simPeer {
