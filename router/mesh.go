@@ -132,12 +132,20 @@ func (r *Router) loadKnownPeers() ([]string, error) {
 	if err != nil || len(data) == 0 {
 		return nil, err
 	}
+	return decodeKnownPeers(data)
+}
+
+// maxKnownPeers bounds the remembered peers read back at start.
+const maxKnownPeers = 10000
+
+// decodeKnownPeers reads the remembered peers as saveKnownPeers wrote them.
+func decodeKnownPeers(data []byte) ([]string, error) {
 	var peers []string
 	if err := json.Unmarshal(data, &peers); err != nil {
 		return nil, fmt.Errorf("decoding %s/%s: %w", bucketMesh, keyKnownPeers, err)
 	}
-	if len(peers) > 10000 {
-		peers = peers[:10000]
+	if len(peers) > maxKnownPeers {
+		peers = peers[:maxKnownPeers]
 	}
 	return peers, nil
 }
