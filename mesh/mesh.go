@@ -518,11 +518,10 @@ func nodeAddr(n *memberlist.Node) netip.AddrPort {
 // splitTarget splits host[:port]; an IPv6 address needs brackets to carry
 // a port.
 func splitTarget(s string, defPort int) (string, int, error) {
+	var host, ps string
 	if a, err := netip.ParseAddr(s); err == nil {
-		return a.String(), defPort, nil
-	}
-	host, ps, err := net.SplitHostPort(s)
-	if err != nil {
+		host = a.String() // a zone is checked below like any host text
+	} else if host, ps, err = net.SplitHostPort(s); err != nil {
 		host, ps = s, ""
 	}
 	if host == "" {
