@@ -1,9 +1,6 @@
 package router
 
 import (
-	"context"
-	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -25,22 +22,7 @@ func FuzzLocalAPI(f *testing.F) {
 	f.Add("GET", api.PathReady, "")
 	f.Add("PUT", "/v1/../v1/ip", "\x00\xff")
 
-	c := Defaults()
-	dir := f.TempDir()
-	c.StateDir, c.Socket, c.CNIBinDir, c.CNIConfDir = dir+"/state", dir+"/s.sock", dir+"/bin", dir+"/conf"
-	c.IPAllocRange = "10.32.0.0/24"
-	v, err := c.Validate()
-	if err != nil {
-		f.Fatal(err)
-	}
-	r, err := New(v, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Cleanup(func() { r.db.Close() })
-	if err := r.openIPAM(context.Background()); err != nil {
-		f.Fatal(err)
-	}
+	r := fuzzRouter(f)
 	r.setReady(true, "")
 	h := (&localAPI{r: r}).handler()
 
