@@ -30,18 +30,20 @@ type target struct {
 	lastTry time.Time
 }
 
-// addTargetLocked adds a target unless it is already there.
-func (m *Mesh) addTargetLocked(spec, source string) {
+// addTargetLocked adds a target unless it is already there, and reports
+// whether it did.
+func (m *Mesh) addTargetLocked(spec, source string) bool {
 	host, port, err := splitTarget(spec, m.defaultPort())
 	if err != nil {
-		return
+		return false
 	}
 	for _, t := range m.targets {
 		if t.host == host && t.port == port {
-			return
+			return false
 		}
 	}
 	m.targets = append(m.targets, &target{spec: spec, source: source, host: host, port: port})
+	return true
 }
 
 // defaultPort is the port of a target that names none: ours, as all peers
@@ -63,9 +65,18 @@ func (m *Mesh) AddTargets(specs ...string) error {
 		}
 	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	added := false
 	for _, s := range specs {
-		m.addTargetLocked(s, "added")
+		added = m.addTargetLocked(s, "added") || added
+	}
+	m.mu.Unlock()
+	if added {
+		// The join loop tries them now, not at its next round: a fresh
+		// node learns its targets from discovery after it started.
+		select {
+		case m.targetsAdded <- struct{}{}:
+		default:
+		}
 	}
 	return nil
 }
@@ -97,9 +108,13 @@ func (m *Mesh) aliveOthers() int {
 // backoff until a peer is reached (or one reaches us), then every
 // ReconnectInterval retries the targets and unreachable peers that are not
 // alive, so that a healed partition merges again without an operator.
+// Targets added while it waits (AddTargets: the Kubernetes node list comes
+// after the start) are tried at once, the first join with its backoff.
 func (m *Mesh) routineJoin(ctx context.Context) {
 	defer m.wg.Done()
 	t := m.cfg.Timings
+	// wait returns false when ctx ends, true after d or as soon as new
+	// targets were added.
 	wait := func(d time.Duration) bool {
 		timer := time.NewTimer(d)
 		defer timer.Stop()
@@ -108,29 +123,42 @@ func (m *Mesh) routineJoin(ctx context.Context) {
 			return false
 		case <-timer.C:
 			return true
+		case <-m.targetsAdded:
+			return true
 		}
 	}
 
 	if len(m.targetSpecs()) == 0 {
-		m.log.Info("no peers to join (none given and none remembered); waiting for other peers to join this one")
+		m.log.Info("no peers to join (none given and none remembered yet); waiting for targets, or for other peers to join this one")
 	}
+	joined := false // the first join is done (or another peer joined us)
 	backoff := t.JoinBackoffMin
-	for len(m.targetSpecs()) > 0 && m.aliveOthers() == 0 {
-		if m.joinRound(ctx, joinFanout) > 0 || m.aliveOthers() > 0 {
-			break
+	for {
+		switch {
+		case joined:
+			m.joinRound(ctx, 1)
+		case m.aliveOthers() > 0:
+			joined = true
+			m.log.Info("joined the mesh", "peers-alive", m.aliveOthers()+1)
+		case len(m.targetSpecs()) > 0:
+			if m.joinRound(ctx, joinFanout) > 0 || m.aliveOthers() > 0 {
+				joined = true
+				m.log.Info("joined the mesh", "peers-alive", m.aliveOthers()+1)
+				break
+			}
+			d := jitter(backoff)
+			m.log.Info("could not reach any peer yet; retrying", "in", d.Round(time.Millisecond), "targets", m.targetSpecs())
+			if !wait(d) {
+				return
+			}
+			backoff = min(2*backoff, t.JoinBackoffMax)
+			continue
+		default:
+			m.joinRound(ctx, 1) // no targets: unreachable peers, if any
 		}
-		d := jitter(backoff)
-		m.log.Info("could not reach any peer yet; retrying", "in", d.Round(time.Millisecond), "targets", m.targetSpecs())
-		if !wait(d) {
+		if !wait(jitter(t.ReconnectInterval)) {
 			return
 		}
-		backoff = min(2*backoff, t.JoinBackoffMax)
-	}
-	if n := m.aliveOthers(); n > 0 {
-		m.log.Info("joined the mesh", "peers-alive", n+1)
-	}
-	for wait(jitter(t.ReconnectInterval)) {
-		m.joinRound(ctx, 1)
 	}
 }
 

@@ -64,6 +64,8 @@ type Mesh struct {
 	closed atomic.Bool
 	kick   chan struct{} // cap 1: the view changed; routineTopology republishes
 
+	targetsAdded chan struct{} // cap 1: AddTargets added some; routineJoin tries them now
+
 	chMu     sync.RWMutex
 	channels map[string]*Channel // guarded by chMu; frozen once started
 	started  bool                // guarded by chMu
@@ -101,17 +103,18 @@ func New(cfg Config) (*Mesh, error) {
 		return nil, fmt.Errorf("registering the mesh metrics: %w", err)
 	}
 	m := &Mesh{
-		cfg:      cfg,
-		log:      cfg.Logger,
-		metrics:  met,
-		meta:     meta,
-		now:      time.Now,
-		lookup:   lookupHost,
-		kick:     make(chan struct{}, 1),
-		channels: map[string]*Channel{},
-		peers:    map[PeerName]*peerEntry{},
-		reports:  map[PeerName]report{},
-		subs:     map[*subscriber]struct{}{},
+		cfg:          cfg,
+		log:          cfg.Logger,
+		metrics:      met,
+		meta:         meta,
+		now:          time.Now,
+		lookup:       lookupHost,
+		kick:         make(chan struct{}, 1),
+		targetsAdded: make(chan struct{}, 1),
+		channels:     map[string]*Channel{},
+		peers:        map[PeerName]*peerEntry{},
+		reports:      map[PeerName]report{},
+		subs:         map[*subscriber]struct{}{},
 	}
 	m.drops.every = time.Minute
 	m.auth = &authFailures{log: m.log, count: met.authFailures, now: func() time.Time { return m.now() }}

@@ -625,3 +625,32 @@ func TestRegistererMetrics(t *testing.T) {
 	}
 	m2.Close()
 }
+
+// A peer started with no targets (a fresh Kubernetes node: the node list
+// arrives after the start) joins as soon as AddTargets gives it one, not at
+// the next reconnect round.
+func TestAddTargetsJoinsAtOnce(t *testing.T) {
+	c := newCluster(t)
+	tm := testTimings()
+	tm.ReconnectInterval = time.Hour // the old loop tried added targets only here
+	first := c.start(1, Config{Timings: tm})
+	fresh := c.start(2, Config{Timings: tm})
+	ps := []*peer{first, fresh}
+	defer func() { closeAll(t, ps...) }()
+	// The join loop has started with nothing to join.
+	waitFor(t, converge, "the join loop to find no targets", func() bool { return fresh.log.contains("no peers to join") })
+	if err := fresh.m.AddTargets(addrOf(1)); err != nil {
+		t.Fatal(err)
+	}
+	waitStates(t, converge, ps, aliveAll(ps))
+	waitFor(t, converge, "the join logged", func() bool { return fresh.log.contains("joined the mesh") })
+
+	// Once joined, a target added later (a node that joins the cluster)
+	// is dialled at once too.
+	late := c.start(3, Config{Timings: tm})
+	ps = append(ps, late)
+	if err := fresh.m.AddTargets(addrOf(3)); err != nil {
+		t.Fatal(err)
+	}
+	waitStates(t, converge, ps, aliveAll(ps))
+}
