@@ -42,6 +42,12 @@ type fakeKernel struct {
 	pods       map[bridge.PodSource]bool
 	teardowns  int
 	tun        *tuntest.Device
+
+	// published, if set, is the gateway the router has published to its
+	// data plane; EnsureBridge records in early each gateway published
+	// before the bridge was given it (routes sourced from it would fail).
+	published func() netip.Prefix
+	early     []netip.Prefix
 }
 
 func (k *fakeKernel) DefaultRoute() (string, int, netip.Addr, error) {
@@ -49,8 +55,15 @@ func (k *fakeKernel) DefaultRoute() (string, int, netip.Addr, error) {
 }
 
 func (k *fakeKernel) EnsureBridge(cfg bridge.Config, _ *slog.Logger) error {
+	var pub netip.Prefix
+	if k.published != nil {
+		pub = k.published()
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	if pub.IsValid() && !slices.ContainsFunc(k.bridges, func(b bridge.Config) bool { return b.Gateway == pub }) {
+		k.early = append(k.early, pub)
+	}
 	k.bridges = append(k.bridges, cfg)
 	if k.pods == nil {
 		k.pods = map[bridge.PodSource]bool{}
@@ -300,6 +313,8 @@ func testInProcessCluster(t *testing.T, password string) {
 			t.Fatalf("%s: Build: %v", n.name, err)
 		}
 		n.status = n.node.statusLn.Addr().String()
+		r := n.node.Router
+		n.kernel.published = func() netip.Prefix { return r.net().gateway }
 	}
 	run := func(n *inprocNode) {
 		ctx, cancel := context.WithCancel(context.Background())
@@ -349,6 +364,15 @@ func testInProcessCluster(t *testing.T, password string) {
 	// CNI plugin.
 	for _, n := range nodes {
 		waitUntil(t, n.name+" to be ready", func() bool { return n.api.Ready(ctx) == nil })
+	}
+	// The bridge had its address before the data plane was given it as
+	// the routes' source.
+	for _, n := range nodes {
+		n.kernel.mu.Lock()
+		if len(n.kernel.early) > 0 {
+			t.Errorf("%s: gateway %v published to the data plane before the bridge had it", n.name, n.kernel.early)
+		}
+		n.kernel.mu.Unlock()
 	}
 
 	// One ring: the same seed and entries everywhere, three owners whose

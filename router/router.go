@@ -199,12 +199,17 @@ func (r *Router) routineSetup(ctx context.Context) error {
 		case <-time.After(time.Second):
 		}
 	}
-	r.mu.Lock()
-	r.netState.gateway = netip.PrefixFrom(gw, r.cfg.Universe.Bits())
-	r.mu.Unlock()
-	if err := r.ensureBridge(); err != nil {
+	// The bridge gets its address first; only then is the gateway
+	// published to the data plane, whose routes are sourced from it (a
+	// route with a source no interface has is refused: EINVAL).
+	ns := r.net()
+	ns.gateway = netip.PrefixFrom(gw, r.cfg.Universe.Bits())
+	if err := r.ensureBridgeWith(ns); err != nil {
 		return err
 	}
+	r.mu.Lock()
+	r.netState.gateway = ns.gateway
+	r.mu.Unlock()
 	r.kickDataplane() // routes into the tunnel are sourced from the gateway
 	changed, err := installCNI(r.srcDir, r.cfg.CNIBinDir, r.cfg.CNIConfDir, r.cfg.Socket)
 	if err != nil {
@@ -221,8 +226,10 @@ func (r *Router) routineSetup(ctx context.Context) error {
 	return nil
 }
 
-func (r *Router) ensureBridge() error {
-	ns := r.net()
+func (r *Router) ensureBridge() error { return r.ensureBridgeWith(r.net()) }
+
+// ensureBridgeWith converges the bridge on ns (its gateway included).
+func (r *Router) ensureBridgeWith(ns netState) error {
 	// Ensure logs every change it makes itself.
 	if err := r.kernel.EnsureBridge(r.bridgeConfig(ns), r.log); err != nil {
 		return fmt.Errorf("setting up bridge %s: %w", r.cfg.Bridge, err)
