@@ -139,7 +139,7 @@ func TestAuthFailureRateLimit(t *testing.T) {
 	c := prometheus.NewCounter(prometheus.CounterOpts{Name: "x"})
 	a := &authFailures{log: slog.New(slog.NewTextHandler(&buf, nil)), count: c, now: func() time.Time { mu.Lock(); defer mu.Unlock(); return now }}
 	a.limit.every = time.Minute
-	l := memberlistLogger(slog.New(slog.DiscardHandler), a)
+	l := memberlistLogger(slog.New(slog.DiscardHandler), a, nil)
 	for i := range 5 {
 		l.Printf("[ERR] memberlist: Decrypt packet failed: no installed keys could decrypt the message from=10.0.0.7:%d", 6783+i)
 	}

@@ -297,7 +297,7 @@ func TestAuthFailuresBounded(t *testing.T) {
 // once a minute per kind.
 func TestMemberlistLineFlood(t *testing.T) {
 	var buf logBuf
-	l := memberlistLogger(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo})), nil)
+	l := memberlistLogger(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo})), nil, nil)
 	evil := "\x1b[31m" + strings.Repeat("A", 5000) + "\n"
 	for i := range 2000 {
 		l.Printf("[ERR] memberlist: discarding packet with unacceptable label %q: from=10.0.%d.%d:6783", evil, i>>8&255, i&255)

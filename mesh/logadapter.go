@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log"
 	"log/slog"
+	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -27,8 +28,11 @@ import (
 // logged at most once a minute per kind (its fixed leading words) with the
 // count, the rest at debug, and an error about input from a remote
 // address (" from=") is demoted to a warning: it is the sender's problem.
-func memberlistLogger(l *slog.Logger, auth *authFailures) *log.Logger {
-	w := &slogWriter{log: l.With("component", "memberlist"), auth: auth, now: time.Now}
+// While closing (when not nil) reports true, a line that says only that a
+// socket was closed under a read or write is the shutdown itself, not an
+// error, and goes to debug.
+func memberlistLogger(l *slog.Logger, auth *authFailures, closing func() bool) *log.Logger {
+	w := &slogWriter{log: l.With("component", "memberlist"), auth: auth, now: time.Now, closing: closing}
 	w.limit.every = time.Minute
 	return log.New(w, "", 0)
 }
@@ -38,7 +42,13 @@ type slogWriter struct {
 	auth  *authFailures
 	now   func() time.Time
 	limit rateLimiter // by lineKind
+	// closing reports that the mesh is shutting down; nil: never.
+	closing func() bool
 }
+
+// closedConnText is how a read or write on a socket closed under it
+// (net.ErrClosed) reads in memberlist's lines.
+var closedConnText = net.ErrClosed.Error()
 
 // maxLineLen bounds a memberlist line as logged.
 const maxLineLen = 300
@@ -66,6 +76,9 @@ func (w *slogWriter) Write(p []byte) (int, error) {
 			w.auth.failed(addr)
 			level = slog.LevelDebug // the original line, for whoever wants the detail
 		}
+	}
+	if level >= slog.LevelWarn && w.closing != nil && strings.Contains(msg, closedConnText) && w.closing() {
+		level = slog.LevelDebug // the shutdown closed the socket under a read
 	}
 	if level >= slog.LevelWarn {
 		if level > slog.LevelWarn && remote {

@@ -119,7 +119,7 @@ func New(cfg Config) (*Mesh, error) {
 	m.drops.every = time.Minute
 	m.auth = &authFailures{log: m.log, count: met.authFailures, now: func() time.Time { return m.now() }}
 	m.auth.limit.every, m.auth.limit.maxKeys = time.Minute, maxAuthSources
-	m.mlLog = memberlistLogger(m.log, m.auth)
+	m.mlLog = memberlistLogger(m.log, m.auth, m.closed.Load)
 	m.queue = &memberlist.TransmitLimitedQueue{
 		RetransmitMult: cfg.Timings.RetransmitMult,
 		NumNodes:       func() int { return int(m.numAlive.Load()) },

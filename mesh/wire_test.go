@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"reflect"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/hashicorp/memberlist"
@@ -166,7 +167,7 @@ func TestParseMemberlistLine(t *testing.T) {
 		}
 	}
 	var b bytes.Buffer
-	l := memberlistLogger(slog.New(slog.NewTextHandler(&b, &slog.HandlerOptions{Level: slog.LevelWarn})), nil)
+	l := memberlistLogger(slog.New(slog.NewTextHandler(&b, &slog.HandlerOptions{Level: slog.LevelWarn})), nil, nil)
 	l.Printf("[DEBUG] memberlist: hidden")
 	l.Printf("[ERR] memberlist: shown %d", 1)
 	if s := b.String(); strings.Contains(s, "hidden") || !strings.Contains(s, `level=ERROR msg="shown 1" component=memberlist`) {
@@ -196,5 +197,29 @@ func TestSplitTarget(t *testing.T) {
 		if (err == nil) != tc.ok || host != tc.host || port != tc.port {
 			t.Errorf("splitTarget(%q) = %q, %d, %v", tc.in, host, port, err)
 		}
+	}
+}
+
+// "use of closed network connection" is the shutdown closing a socket
+// under memberlist's read: at debug while the mesh closes, at its level
+// otherwise; other errors keep theirs while closing.
+func TestClosedConnQuietOnShutdown(t *testing.T) {
+	var b bytes.Buffer
+	var closing atomic.Bool
+	l := memberlistLogger(slog.New(slog.NewTextHandler(&b, &slog.HandlerOptions{Level: slog.LevelInfo})), nil, closing.Load)
+	line := "[ERR] memberlist: Error reading stream: read tcp 10.0.0.1:6783->10.0.0.2:4000: use of closed network connection"
+	l.Print(line)
+	if s := b.String(); !strings.Contains(s, "level=ERROR") {
+		t.Errorf("a closed connection while running must stay an error: %q", s)
+	}
+	b.Reset()
+	closing.Store(true)
+	l.Print("[ERR] memberlist: Error accepting TCP connection: accept tcp 10.0.0.1:6783: use of closed network connection")
+	if s := b.String(); s != "" {
+		t.Errorf("a closed connection at shutdown was logged at info or above: %q", s)
+	}
+	l.Print("[ERR] memberlist: Failed to send gossip to 10.0.0.3:6783: connection refused")
+	if s := b.String(); !strings.Contains(s, "level=ERROR") || !strings.Contains(s, "connection refused") {
+		t.Errorf("a real error at shutdown must stay an error: %q", s)
 	}
 }
