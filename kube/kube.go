@@ -302,6 +302,16 @@ func (k *Kube) WaitSynced(ctx context.Context) error {
 	}
 }
 
+// Synced reports whether the node list has been read once.
+func (k *Kube) Synced() bool {
+	select {
+	case <-k.synced:
+		return true
+	default:
+		return false
+	}
+}
+
 // Changes is signalled (coalesced: one pending signal at most) when the
 // node list has synced and whenever a node or its address comes or goes.
 // Read PeerAddrs then.

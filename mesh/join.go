@@ -81,6 +81,41 @@ func (m *Mesh) AddTargets(specs ...string) error {
 	return nil
 }
 
+// SetTargets makes the targets from discovery exactly specs (the
+// Kubernetes node list, once it has synced): those added before and no
+// longer listed are dropped, and so are the remembered ones not listed
+// (discovery knows the cluster's nodes better than the last run did), so
+// that a deleted node is no longer dialled. --peers stay. New targets are
+// tried at once, as with AddTargets.
+func (m *Mesh) SetTargets(specs ...string) error {
+	type hostPort struct {
+		host string
+		port int
+	}
+	want := map[hostPort]bool{}
+	for _, s := range specs {
+		host, port, err := splitTarget(s, m.defaultPort())
+		if err != nil {
+			return fmt.Errorf("peer address %q: %w", s, err)
+		}
+		want[hostPort{host, port}] = true
+	}
+	m.mu.Lock()
+	var dropped []string
+	m.targets = slices.DeleteFunc(m.targets, func(t *target) bool {
+		if t.source == "peers" || want[hostPort{t.host, t.port}] {
+			return false
+		}
+		dropped = append(dropped, t.spec+" (from "+t.source+")")
+		return true
+	})
+	m.mu.Unlock()
+	if len(dropped) > 0 {
+		m.log.Info("no longer joining peer targets that discovery does not list", "targets", dropped)
+	}
+	return m.AddTargets(specs...)
+}
+
 func (m *Mesh) targetSpecs() []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()

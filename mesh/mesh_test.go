@@ -654,3 +654,60 @@ func TestAddTargetsJoinsAtOnce(t *testing.T) {
 	}
 	waitStates(t, converge, ps, aliveAll(ps))
 }
+
+// A peer gone for good (its Node deleted, its ranges reclaimed) is
+// forgotten: not shown, not remembered, not dialled; discovery's targets
+// replace the added and remembered ones that it no longer lists.
+func TestForgetAndSetTargets(t *testing.T) {
+	c := newCluster(t)
+	ps := startN(t, c, 3)
+	// node2 also remembers node3, as after a restart, and was given it by
+	// discovery.
+	if err := ps[1].m.AddTargets(addrOf(3)); err != nil {
+		t.Fatal(err)
+	}
+	ps[2].m.kill()
+	live := ps[:2]
+	defer closeAll(t, live...)
+	waitStates(t, converge, live, map[PeerName]PeerState{"node3": StateUnreachable})
+
+	if err := ps[0].m.Forget("node2"); !errors.Is(err, ErrPeerAlive) {
+		t.Errorf("Forget of an alive peer: %v, want ErrPeerAlive", err)
+	}
+	if err := ps[0].m.Forget("nobody"); !errors.Is(err, ErrUnknownPeer) {
+		t.Errorf("Forget of an unknown peer: %v, want ErrUnknownPeer", err)
+	}
+	if err := ps[0].m.Forget("node1"); err == nil {
+		t.Error("Forget of self accepted")
+	}
+	for _, p := range live {
+		if err := p.m.Forget("node3"); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := p.m.Peer("node3"); ok {
+			t.Errorf("%s still shows node3", p.m.Name())
+		}
+		if known := p.m.KnownPeers(); slices.Contains(known, addrOf(3)) {
+			t.Errorf("%s still remembers node3: %v", p.m.Name(), known)
+		}
+	}
+	// node2 still has node3 as a target; discovery no longer lists it.
+	if !slices.Contains(ps[1].m.Report().Targets, addrOf(3)) {
+		t.Fatalf("targets: %v", ps[1].m.Report().Targets)
+	}
+	if err := ps[1].m.SetTargets("10.0.0.1"); err != nil {
+		t.Fatal(err)
+	}
+	rep := ps[1].m.Report()
+	if !slices.Equal(rep.Targets, []string{addrOf(1)}) { // the --peers entry stays, the same host is not added twice
+		t.Errorf("targets after SetTargets: %v, want only %s", rep.Targets, addrOf(1))
+	}
+	for _, cn := range rep.Connections {
+		if cn.Address == addrOf(3) {
+			t.Errorf("node3 still shown as a connection: %+v", cn)
+		}
+	}
+	if err := ps[1].m.SetTargets("bad host"); err == nil {
+		t.Error("SetTargets accepted an invalid address")
+	}
+}

@@ -2,6 +2,7 @@ package mesh
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -439,6 +440,34 @@ func (m *Mesh) ReachableFrom(name PeerName) []PeerName {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// ErrPeerAlive is Forget's refusal of a peer that is alive or suspected.
+var ErrPeerAlive = errors.New("peer is alive")
+
+// Forget drops a peer that is gone for good (unreachable or left, e.g. its
+// Kubernetes Node was deleted and its ranges reclaimed) from the view: it
+// is no longer shown, remembered (KnownPeers) nor dialled. Should it come
+// back, memberlist's join brings it into the view again. Self, a peer that
+// is alive or suspect (ErrPeerAlive) and an unknown peer (ErrUnknownPeer)
+// are refused.
+func (m *Mesh) Forget(name PeerName) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	p := m.peers[name]
+	switch {
+	case p == nil:
+		return fmt.Errorf("%w: %s", ErrUnknownPeer, name)
+	case p.Self:
+		return fmt.Errorf("peer %s is this peer", name)
+	case p.base == StateAlive || p.State == StateSuspect:
+		return fmt.Errorf("%w: %s is %s", ErrPeerAlive, p.label(), p.State)
+	}
+	m.log.Info(fmt.Sprintf("forgetting peer %s: %s since %s, and gone for good", p.label(), p.State, p.Since.Format(time.RFC3339)), "peer", name)
+	delete(m.peers, name)
+	delete(m.reports, name)
+	m.refreshLocked("")
+	return nil
 }
 
 // KnownPeers returns the gossip addresses of the other peers that have not

@@ -14,6 +14,7 @@ import (
 
 	"github.com/weft-net/weft/ipalloc"
 	"github.com/weft-net/weft/kube"
+	"github.com/weft-net/weft/mesh"
 )
 
 // kubeStartWait is how long the router waits at start for the node list
@@ -253,12 +254,17 @@ func (r *Router) routineKube(ctx context.Context) {
 				r.log.Debug("kubernetes: reading the registered peers failed; retrying", "err", err)
 			}
 		}
-		if addrs := r.kube.PeerAddrs(); !slices.Equal(addrs, joined) {
-			if err := r.mesh.AddTargets(addrs...); err != nil {
+		if addrs := r.kube.PeerAddrs(); r.kube.Synced() && (joined == nil || !slices.Equal(addrs, joined)) {
+			// The node list is the cluster: a deleted Node's address is
+			// no longer a target (nor a remembered one).
+			if err := r.mesh.SetTargets(addrs...); err != nil {
 				r.log.Warn("kubernetes: a node address is not usable as a peer", "err", err)
 			} else {
-				joined = addrs
+				joined = append([]string{}, addrs...)
 			}
+		}
+		if r.kube.Synced() {
+			r.forgetGonePeers(r.kube.PeerAddrs())
 		}
 		if !recorded {
 			recorded = r.recordClaim(ctx)
@@ -276,6 +282,30 @@ func (r *Router) routineKube(ctx context.Context) {
 			return
 		case <-r.kube.Changes():
 		case <-t.C:
+		}
+	}
+}
+
+// forgetGonePeers drops from the mesh's view the peers that are gone for
+// good: not alive, on no Node's address any more, and owning nothing in
+// the ring (their ranges were reclaimed). So a deleted and reclaimed Node
+// is not dialled, shown as a failed connection, nor remembered for the
+// next start.
+func (r *Router) forgetGonePeers(nodeAddrs []string) {
+	onNode := map[string]bool{}
+	for _, a := range nodeAddrs {
+		onNode[a] = true
+	}
+	owners := r.ipam.Ring().Peers()
+	for _, p := range r.mesh.Peers() {
+		if p.Self || p.State == mesh.StateAlive || p.State == mesh.StateSuspect || !p.Addr.IsValid() {
+			continue
+		}
+		if onNode[p.Addr.Addr().String()] || slices.Contains(owners, ipalloc.PeerName(p.Name)) {
+			continue
+		}
+		if err := r.mesh.Forget(p.Name); err != nil {
+			r.log.Debug("kubernetes: not forgetting a peer", "peer", p.Name, "err", err)
 		}
 	}
 }
