@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -16,11 +17,6 @@ import (
 	"github.com/weft-net/weft/kube"
 	"github.com/weft-net/weft/mesh"
 )
-
-// kubeStartWait is how long the router waits at start for the node list
-// before it logs that the API server is slow (it keeps waiting when it
-// must: see kubeInit).
-const kubeStartWait = 30 * time.Second
 
 // kubeMembersEvery is how many rounds of routineKube (5 s each) pass
 // between two reads of the peers registered in the ConfigMap.
@@ -70,11 +66,15 @@ func (r *Router) kubeInit(ctx context.Context, init ipalloc.Init) (ipalloc.Init,
 		return init, nil
 	}
 	start := time.Now()
-	slow := false
+	var lastSaid time.Time // when the wait was last logged
 	var interim *http.Server
+	reason := new(atomic.Pointer[string]) // what /readyz says meanwhile
 	defer func() {
 		if interim != nil {
 			interim.Close()
+		}
+		if !lastSaid.IsZero() && ctx.Err() == nil {
+			r.log.Info("kubernetes: the API server answers; going on with the start", "waited", time.Since(start).Round(time.Millisecond))
 		}
 	}()
 	for {
@@ -110,12 +110,18 @@ func (r *Router) kubeInit(ctx context.Context, init ipalloc.Init) (ipalloc.Init,
 			}
 			err = rerr
 		}
+		why := "waiting for the Kubernetes API to decide the first claim: " + err.Error()
+		reason.Store(&why)
 		if interim == nil {
-			interim = r.serveWaiting("waiting for the Kubernetes API to decide the first claim: " + err.Error())
+			interim = r.serveWaiting(func() string { return *reason.Load() })
 		}
-		if !slow && time.Since(start) > kubeStartWait {
-			slow = true
-			r.log.Warn("kubernetes: cannot read the node list and the ConfigMap; a peer without state must not claim addresses on its own, so it waits for the API server", "err", err)
+		// Said at once, then at most every kubeWaitLogEvery: the API
+		// server may take minutes (kube-proxy not running yet, say).
+		if lastSaid.IsZero() || time.Since(lastSaid) >= kubeWaitLogEvery {
+			lastSaid = time.Now()
+			r.log.Warn("kubernetes: cannot read the node list and the ConfigMap; a peer without state must not claim addresses on its own, so it waits for the API server "+
+				"(alive, not ready; is the API server's address reachable from this node? the kubeconfig's server, or KUBERNETES_SERVICE_HOST through kube-proxy)",
+				"waited", time.Since(start).Round(time.Second), "err", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -125,11 +131,16 @@ func (r *Router) kubeInit(ctx context.Context, init ipalloc.Init) (ipalloc.Init,
 	}
 }
 
+// kubeWaitLogEvery is how often kubeInit repeats that it waits for the API
+// server.
+const kubeWaitLogEvery = time.Minute
+
 // serveWaiting answers the status address while the router cannot start
 // yet: /healthz says it is alive (so a liveness probe does not restart a
-// router that is only waiting), everything else says what it waits for.
-// Nil if the address cannot be served (the real server reports that later).
-func (r *Router) serveWaiting(reason string) *http.Server {
+// router that is only waiting), everything else says what it waits for
+// (reason, read at each request). Nil if the address cannot be served (the
+// real server reports that later).
+func (r *Router) serveWaiting(reason func() string) *http.Server {
 	ln, err := net.Listen("tcp", r.cfg.HTTPAddr)
 	if err != nil {
 		return nil
@@ -137,7 +148,7 @@ func (r *Router) serveWaiting(reason string) *http.Server {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
-		http.Error(w, "not ready: "+reason, http.StatusServiceUnavailable)
+		http.Error(w, "not ready: "+reason(), http.StatusServiceUnavailable)
 	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(ln)
