@@ -5,6 +5,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
 )
 
 const testKubeconfig = `apiVersion: v1
@@ -58,5 +62,28 @@ func TestRESTConfig(t *testing.T) {
 	t.Setenv("KUBERNETES_SERVICE_PORT", "")
 	if _, err := RESTConfig("", "x"); err == nil || !strings.Contains(err.Error(), "not running in a pod") {
 		t.Errorf("in-cluster outside a pod: %v", err)
+	}
+}
+
+// Server names the API server of a real client, and does not panic on a
+// fake one.
+func TestServer(t *testing.T) {
+	cs, err := kubernetes.NewForConfig(&rest.Config{Host: "https://10.96.0.1:443"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := New(Config{Client: cs, NodeName: "n1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := k.Server(); got != "https://10.96.0.1:443" {
+		t.Errorf("Server() = %q", got)
+	}
+	f, err := New(Config{Client: fake.NewClientset(), NodeName: "n1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := f.Server(); got != "(unknown)" {
+		t.Errorf("fake: Server() = %q", got)
 	}
 }

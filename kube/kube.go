@@ -46,6 +46,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/weft-net/weft/ipalloc"
@@ -300,6 +301,18 @@ func (k *Kube) WaitSynced(ctx context.Context) error {
 	case <-ctx.Done():
 		return fmt.Errorf("waiting for the kubernetes node list: %w", ctx.Err())
 	}
+}
+
+// Server is the API server's address the client talks to (for messages).
+func (k *Kube) Server() string {
+	rc, ok := k.cfg.Client.CoreV1().RESTClient().(*rest.RESTClient)
+	if !ok || rc == nil { // a fake client's
+		return "(unknown)"
+	}
+	if u := rc.Get().URL(); u != nil && u.Host != "" {
+		return u.Scheme + "://" + u.Host
+	}
+	return "(unknown)"
 }
 
 // Synced reports whether the node list has been read once.

@@ -110,7 +110,7 @@ func (r *Router) kubeInit(ctx context.Context, init ipalloc.Init) (ipalloc.Init,
 			}
 			err = rerr
 		}
-		why := "waiting for the Kubernetes API to decide the first claim: " + err.Error()
+		why := fmt.Sprintf("waiting for the Kubernetes API (%s) to decide the first claim: %v", r.kube.Server(), err)
 		reason.Store(&why)
 		if interim == nil {
 			interim = r.serveWaiting(func() string { return *reason.Load() })
@@ -121,7 +121,7 @@ func (r *Router) kubeInit(ctx context.Context, init ipalloc.Init) (ipalloc.Init,
 			lastSaid = time.Now()
 			r.log.Warn("kubernetes: cannot read the node list and the ConfigMap; a peer without state must not claim addresses on its own, so it waits for the API server "+
 				"(alive, not ready; is the API server's address reachable from this node? the kubeconfig's server, or KUBERNETES_SERVICE_HOST through kube-proxy)",
-				"waited", time.Since(start).Round(time.Second), "err", err)
+				"api-server", r.kube.Server(), "waited", time.Since(start).Round(time.Second), "err", err)
 		}
 		select {
 		case <-ctx.Done():
