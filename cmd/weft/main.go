@@ -14,6 +14,7 @@ var commands = map[string]func(args []string) error{
 	"demo":    cmdDemo,
 	"rmpeer":  cmdRmpeer,
 	"reset":   cmdReset,
+	"sleep":   cmdSleep,
 
 	"install-cni": cmdInstallCNI,
 }
@@ -25,9 +26,11 @@ commands:
   status    show a router's status: weft status [ipam|peers|connections|report]
   rmpeer    take over the ranges of a peer that is gone for good: weft rmpeer NAME
   reset     take this node out of the cluster: hand its ranges to a live peer,
-            remove its bridge, CNI config and state, stop its router: weft reset [--force]
+            remove its bridge, CNI config and state, stop its router: weft reset [--force];
+            with no router running and --force: remove what weft left on the node
   install-cni  copy weft-cni and portmap from beside this binary into a directory:
             weft install-cni /opt/cni/bin (the DaemonSet's init container runs it)
+  sleep     wait until SIGTERM (the uninstall DaemonSet's main container)
   demo      build a local cluster in network namespaces and show it working
   version   print the version
 

@@ -5,9 +5,14 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/weft-net/weft/api"
+	"github.com/weft-net/weft/router"
 )
 
 // resetGone bounds how long weft reset waits for the router to finish its
@@ -18,7 +23,13 @@ func cmdReset(args []string) error {
 	var cf clientFlags
 	fs := flag.NewFlagSet("weft reset", flag.ContinueOnError)
 	cf.bind(fs)
-	force := fs.Bool("force", false, "leave even though pods on this node hold addresses (they may then be handed out again elsewhere)")
+	force := fs.Bool("force", false, "leave even though pods on this node hold addresses (they may then be handed out again elsewhere); "+
+		"when no router answers on --socket, remove what it left on the node instead (the uninstall)")
+	def := router.Defaults()
+	uc := router.UninstallConfig{}
+	fs.StringVar(&uc.CNIConfDir, "cni-conf-dir", def.CNIConfDir, "with --force and no router: the router's --cni-conf-dir, whose "+router.ConfListName+" is removed")
+	fs.StringVar(&uc.Bridge, "bridge", def.Bridge, "with --force and no router: the router's --bridge, removed with weft's nftables table")
+	fs.StringVar(&uc.StateDir, "state-dir", def.StateDir, "with --force and no router: the router's --state-dir, whose state file is removed")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -32,6 +43,20 @@ func cmdReset(args []string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	r, err := cl.Reset(ctx, *force)
+	if errors.Is(err, api.ErrUnreachable) {
+		if !*force {
+			return fmt.Errorf("%w; if the router is gone for good (weft uninstalled), give --force to remove what it left on this node", err)
+		}
+		// No router (the DaemonSet was deleted): nothing to hand over;
+		// clean the node's files and links directly.
+		fmt.Printf("no router answers at %s: removing what weft left on this node\n", cf.socket)
+		log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+		if err := router.Uninstall(uc, log); err != nil {
+			return err
+		}
+		fmt.Println("this node is clean of weft: no CNI config, bridge, nftables table or state (the CNI plugin binaries stay)")
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -55,4 +80,17 @@ func cmdReset(args []string) error {
 		case <-t.C:
 		}
 	}
+}
+
+// cmdSleep waits until SIGTERM or SIGINT: the main container of the
+// uninstall DaemonSet (deploy/uninstall), whose init container cleaned the
+// node; its pods are Running once every node is clean.
+func cmdSleep(args []string) error {
+	if len(args) != 0 {
+		return errors.New("usage: weft sleep (waits until SIGTERM)")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	<-ctx.Done()
+	return nil
 }
