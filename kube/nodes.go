@@ -32,10 +32,18 @@ var addressTypes = map[corev1.NodeAddressType]bool{
 // usable address of the chosen type.
 var fallbackOrder = []corev1.NodeAddressType{corev1.NodeInternalIP, corev1.NodeExternalIP}
 
+// ResetLabel on a Node marks it for removal from weft: the DaemonSet's
+// node affinity keeps weft's pod off it, and the router, stopped there,
+// takes the node out of the cluster (hands its ranges over, removes the
+// CNI config, the bridge and its state) instead of leaving them for a
+// restart. docs/kubernetes.md, "Taking a node out".
+const ResetLabel = "weft.works/reset"
+
 // nodeInfo is what weft uses of a Node.
 type nodeInfo struct {
-	addr string                 // "" when the node has no usable address
-	typ  corev1.NodeAddressType // of addr
+	addr  string                 // "" when the node has no usable address
+	typ   corev1.NodeAddressType // of addr
+	reset bool                   // it has ResetLabel
 }
 
 // NodeAddress picks the address of n that peers are joined at: the first
@@ -101,8 +109,12 @@ func slimNode(obj any) (any, error) {
 	if !ok {
 		return obj, nil // e.g. cache.DeletedFinalStateUnknown
 	}
+	var labels map[string]string
+	if v, ok := n.Labels[ResetLabel]; ok {
+		labels = map[string]string{ResetLabel: v}
+	}
 	return &corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion},
+		ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, Labels: labels},
 		Status:     corev1.NodeStatus{Addresses: n.Status.Addresses},
 	}, nil
 }
@@ -123,7 +135,8 @@ func (k *Kube) nodeSeen(obj any) {
 		return
 	}
 	addr, typ, found := NodeAddress(n, k.cfg.AddressType)
-	info := nodeInfo{addr: addr, typ: typ}
+	_, reset := n.Labels[ResetLabel]
+	info := nodeInfo{addr: addr, typ: typ, reset: reset}
 	k.mu.Lock()
 	old, had := k.nodes[n.Name]
 	k.nodes[n.Name] = info
@@ -175,6 +188,14 @@ func (k *Kube) PeerAddrs() []string {
 	}
 	slices.Sort(out)
 	return slices.Compact(out)
+}
+
+// MarkedForReset reports whether this node's Node, as last seen, carries
+// ResetLabel: the operator is taking the node out of weft.
+func (k *Kube) MarkedForReset() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.nodes[k.cfg.NodeName].reset
 }
 
 // NodeCount is the number of Nodes in the cluster, this one included (0

@@ -263,3 +263,30 @@ func TestRunStops(t *testing.T) {
 		t.Error("a second Run did not fail")
 	}
 }
+
+// The reset label on this node's Node is seen (through the slimmed cache),
+// and its removal too; another node's label is not this node's.
+func TestMarkedForReset(t *testing.T) {
+	n1, n2 := node("n1", internal("10.0.0.1")), node("n2", internal("10.0.0.2"))
+	n2.Labels = map[string]string{ResetLabel: "true"}
+	f := newCASFake(n1, n2)
+	k := newTestKube(t, f, "n1", "")
+	k.run(t)
+	if k.MarkedForReset() {
+		t.Fatal("n1 marked for reset, but only n2 has the label")
+	}
+	if k.Synced() != true {
+		t.Fatal("Synced false after WaitSynced")
+	}
+	ctx := context.Background()
+	n1.Labels = map[string]string{ResetLabel: "", "other": "x"}
+	if _, err := f.CoreV1().Nodes().Update(ctx, n1, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "n1 marked for reset", k.MarkedForReset)
+	n1.Labels = map[string]string{"other": "x"}
+	if _, err := f.CoreV1().Nodes().Update(ctx, n1, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "n1's mark removed", func() bool { return !k.MarkedForReset() })
+}

@@ -151,7 +151,7 @@ func (n *Node) Run(ctx context.Context) error {
 	r := n.Router
 	r.log.Info("serving", "local-api", r.cfg.Socket, "status", "http://"+n.statusLn.Addr().String()+"/status")
 	err := supervise(ctx, r.log, n.components())
-	reset := errors.Is(err, errReset)
+	reset := errors.Is(err, errReset) || r.takenOut.Load()
 	if reset {
 		err = r.teardown()
 	}
@@ -214,9 +214,15 @@ func (n *Node) components() []component {
 		component{name: "reconcile", run: r.routineReconcile},
 		serve("local API", n.apiSrv, n.apiLn),
 		serve("status server", n.statusSrv, n.statusLn),
-		component{name: "reset", run: func(ctx context.Context) error {
+		// Stopped first, while the mesh and the allocator still run: a
+		// router stopped on a Node marked for removal hands its ranges
+		// over here (takeOut), and Run tears the node down.
+		component{name: "reset", within: resetWait + 5*time.Second, run: func(ctx context.Context) error {
 			select {
 			case <-ctx.Done():
+				if r.kube != nil && r.kube.MarkedForReset() {
+					r.takeOut()
+				}
 				return nil
 			case <-r.resetCh:
 				return errReset

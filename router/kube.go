@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -295,6 +297,33 @@ func (r *Router) routineKube(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// takeOut is weft reset --force for a router stopped on a Node marked
+// with kube.ResetLabel (the DaemonSet's affinity removed its pod there):
+// it hands this peer's ranges to a live peer, removes the CNI config (the
+// node turns NotReady), and has Run remove the bridge and the state, so
+// that the node stays out until the label is removed. If the handover
+// fails, only the CNI config goes: the ranges stay in the state, and
+// deleting the Node has another router reclaim them.
+func (r *Router) takeOut() {
+	r.log.Info("kubernetes: this node is marked "+kube.ResetLabel+": taking it out of the cluster (as weft reset --force)", "node", r.cfg.NodeName)
+	alive := r.alivePeers()
+	ctx, cancel := context.WithTimeout(context.Background(), resetWait)
+	defer cancel()
+	res, err := r.ipam.Leave(ctx, func(p ipalloc.PeerName) bool { return alive[p] }, true)
+	r.setReady(false, "node marked "+kube.ResetLabel+": leaving the cluster")
+	conf := filepath.Join(r.cfg.CNIConfDir, ConfListName)
+	if rerr := os.Remove(conf); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+		r.log.Error("kubernetes: removing the CNI config", "path", conf, "err", rerr)
+	}
+	if err != nil {
+		r.log.Error("kubernetes: could not hand this peer's ranges over; the CNI config is removed (the node is NotReady), "+
+			"the bridge and the state stay: delete the Node to have another router reclaim the ranges, or run weft reset --force here", "err", err)
+		return
+	}
+	r.log.Info("kubernetes: handed this peer's ranges over; removing the bridge, the CNI config and the state", "heir", res.Heir, "addresses", res.Size, "dropped", len(res.Dropped))
+	r.takenOut.Store(true)
 }
 
 // forgetGonePeers drops from the mesh's view the peers that are gone for

@@ -47,6 +47,7 @@ type Router struct {
 	knownPeers []string                  // as last saved
 	meshSince  atomic.Pointer[time.Time] // when the mesh started; nil before
 	resetCh    chan struct{}             // weft reset succeeded: tear down and exit
+	takenOut   atomic.Bool               // stopped on a Node marked for removal, ranges handed over: Run tears down
 
 	kube *kube.Kube // --kube: the Kubernetes side, set by Build
 
