@@ -145,6 +145,13 @@ func (k *Kube) nodeSeen(obj any) {
 		return
 	}
 	k.signal(k.seen)
+	if n.Name == k.cfg.NodeName && info.reset != old.reset {
+		if info.reset {
+			k.log.Info("kubernetes: this node is labelled "+ResetLabel+": when the router stops it takes the node out of the cluster (hands its ranges over, removes the CNI config, the bridge and its state)", "node", n.Name)
+		} else if had {
+			k.log.Info("kubernetes: this node's "+ResetLabel+" label is gone: a stop leaves the node as it is again", "node", n.Name)
+		}
+	}
 	switch {
 	case !found:
 		k.log.Warn("kubernetes: node has no usable address; it is not joined until it has one",
