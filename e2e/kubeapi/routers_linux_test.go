@@ -228,6 +228,21 @@ func TestRoutersOnKubernetes(t *testing.T) {
 	if claimed != 1 {
 		t.Fatalf("%d routers reclaimed n2's ranges, want exactly 1\n--- n0\n%s\n--- n1\n%s", claimed, n0.Router().LogTail(30), n1.Router().LogTail(30))
 	}
+	// Deleted and reclaimed, n2 is gone for good: no longer a peer, a
+	// join target or a failed connection anywhere in n0's and n1's report.
+	n2Gossip := n2.UnderlayIP.String() + ":6783"
+	eventually(t, ctx, "n2 forgotten by n0 and n1", func() (bool, string) {
+		for _, n := range []*e2e.Node{n0, n1} {
+			data, err := n.HTTPGet(ctx, "/report")
+			if err != nil {
+				return false, err.Error()
+			}
+			if strings.Contains(string(data), n2Gossip) || strings.Contains(string(data), `"`+n2.PeerName+`"`) {
+				return false, fmt.Sprintf("%s still shows n2: %s", n.Name, data)
+			}
+		}
+		return true, ""
+	})
 
 	// The API server goes away: a router that restarts meanwhile runs on
 	// its saved ring and remembered peers, and keeps its pods connected.
