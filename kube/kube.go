@@ -40,6 +40,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -94,6 +95,10 @@ type Config struct {
 	// return nil when there is nothing to withdraw (any more). Nil: never.
 	Withdraw func(ctx context.Context, peer string) error
 
+	// DaemonSet, if set, is weft's DaemonSet in Namespace: Run watches it,
+	// and DaemonSetGone reports its deletion (an uninstall).
+	DaemonSet string
+
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer // nil registers nothing
 
@@ -136,6 +141,8 @@ type Kube struct {
 	rng        *rand.Rand
 
 	informer cache.SharedIndexInformer
+	dsInf    cache.SharedIndexInformer // nil without Config.DaemonSet
+	dsGone   atomic.Bool
 }
 
 // New validates cfg and returns a Kube that does nothing until Run.
@@ -210,6 +217,12 @@ func New(cfg Config) (*Kube, error) {
 	}
 	k.metrics = m
 	k.informer = k.newNodeInformer()
+	if cfg.DaemonSet != "" {
+		if errs := validation.IsDNS1123Subdomain(cfg.DaemonSet); len(errs) > 0 {
+			return nil, fmt.Errorf("kube: invalid DaemonSet name %q: %s", cfg.DaemonSet, errs[0])
+		}
+		k.dsInf = k.newDaemonSetInformer()
+	}
 	return k, nil
 }
 
@@ -238,6 +251,9 @@ func (k *Kube) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { k.informer.RunWithContext(ctx) })
+	if k.dsInf != nil {
+		wg.Go(func() { k.dsInf.RunWithContext(ctx) })
+	}
 	if !cache.WaitForCacheSync(ctx.Done(), k.informer.HasSynced) {
 		return nil
 	}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -289,4 +290,32 @@ func TestMarkedForReset(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "n1's mark removed", func() bool { return !k.MarkedForReset() })
+}
+
+// The deletion of weft's DaemonSet is seen (an uninstall), and so is its
+// coming back.
+func TestDaemonSetGone(t *testing.T) {
+	ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "weft", Namespace: "kube-system"}}
+	f := newCASFake(node("n1", internal("10.0.0.1")), ds)
+	k := newTestKube(t, f, "n1", "", func(c *Config) { c.DaemonSet = "weft" })
+	k.run(t)
+	ctx := context.Background()
+	eventually(t, "the DaemonSet's watch to start", func() bool { return k.dsInf.HasSynced() })
+	if k.DaemonSetGone() {
+		t.Fatal("DaemonSetGone with the DaemonSet there")
+	}
+	if err := f.AppsV1().DaemonSets("kube-system").Delete(ctx, "weft", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the deletion seen", k.DaemonSetGone)
+	if k.log.count("weft's DaemonSet is deleted") != 1 {
+		t.Errorf("the deletion was not logged once:\n%s", k.log.String())
+	}
+	if _, err := f.AppsV1().DaemonSets("kube-system").Create(ctx, ds, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the DaemonSet back", func() bool { return !k.DaemonSetGone() })
+	if _, err := New(Config{Client: f, NodeName: "n1", DaemonSet: "Bad Name"}); err == nil {
+		t.Error("an invalid DaemonSet name accepted")
+	}
 }

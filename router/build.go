@@ -220,8 +220,12 @@ func (n *Node) components() []component {
 		component{name: "reset", within: resetWait + 5*time.Second, run: func(ctx context.Context) error {
 			select {
 			case <-ctx.Done():
-				if r.kube != nil && r.kube.MarkedForReset() {
+				switch {
+				case r.kube == nil:
+				case r.kube.MarkedForReset():
 					r.takeOut()
+				case r.kube.DaemonSetGone():
+					r.removeCNIConfigOnStop()
 				}
 				return nil
 			case <-r.resetCh:

@@ -56,6 +56,7 @@ type Config struct {
 	KubeAddressType string // --kube-address-type: InternalIP, ExternalIP, ...
 	NodeName        string // --node-name: this node's Node object (default $NODE_NAME, else the hostname)
 	KubeNamespace   string // --kube-namespace: where weft's ConfigMap lives (default $POD_NAMESPACE, else kube-system)
+	KubeDaemonSet   string // --kube-daemonset: weft's DaemonSet in KubeNamespace, watched for an uninstall; "" none
 }
 
 // Defaults returns the documented defaults.
@@ -342,7 +343,7 @@ func (c Config) Options() map[string]string {
 	return map[string]string{
 		"password": pw, "password-file": c.PasswordFile, "require-password": strconv.FormatBool(c.RequirePassword), "trusted-subnets": c.TrustedSubnets,
 		"kube": strconv.FormatBool(c.Kube), "kubeconfig": c.Kubeconfig, "kube-address-type": c.KubeAddressType,
-		"node-name": c.NodeName, "kube-namespace": c.KubeNamespace,
+		"node-name": c.NodeName, "kube-namespace": c.KubeNamespace, "kube-daemonset": c.KubeDaemonSet,
 		"name": c.Name, "nickname": c.Nickname, "host": c.Host,
 		"port": strconv.Itoa(c.Port), "data-port": strconv.Itoa(c.DataPort),
 		"peers": c.Peers, "ipalloc-range": c.IPAllocRange, "ipalloc-init": c.IPAllocInit,

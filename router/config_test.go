@@ -172,7 +172,7 @@ func TestOptionsHaveEveryFlagAndRange(t *testing.T) {
 	if opts["ipalloc-range"] != "10.32.0.0/12" {
 		t.Fatalf("options line lacks ipalloc-range: %v", opts)
 	}
-	if len(opts) != 26 {
+	if len(opts) != 27 {
 		t.Fatalf("options has %d entries; a new flag must be added to Options()", len(opts))
 	}
 }

@@ -36,6 +36,7 @@ func (r *Router) newKube() error {
 		Client:      client,
 		NodeName:    r.cfg.NodeName,
 		Namespace:   r.cfg.KubeNamespace,
+		DaemonSet:   r.cfg.KubeDaemonSet,
 		AddressType: corev1.NodeAddressType(r.cfg.KubeAddressType),
 		PeerName:    r.name,
 		Nickname:    r.cfg.Nickname,
@@ -324,6 +325,24 @@ func (r *Router) takeOut() {
 	}
 	r.log.Info("kubernetes: handed this peer's ranges over; removing the bridge, the CNI config and the state", "heir", res.Heir, "addresses", res.Size, "dropped", len(res.Dropped))
 	r.takenOut.Store(true)
+}
+
+// removeCNIConfigOnStop is what a router stopped while weft's DaemonSet
+// is deleted (an uninstall) does: it removes the CNI config, so that the
+// node turns NotReady instead of staying Ready with a network that no
+// longer runs. Bridge, routes and state stay: deploy/uninstall removes
+// them, and a reinstall adopts them.
+func (r *Router) removeCNIConfigOnStop() {
+	r.setReady(false, "weft's DaemonSet was deleted")
+	conf := filepath.Join(r.cfg.CNIConfDir, ConfListName)
+	err := os.Remove(conf)
+	switch {
+	case err == nil:
+		r.log.Info("kubernetes: weft's DaemonSet was deleted: removed the CNI config; the node is NotReady until a pod network is installed "+
+			"(deploy/uninstall cleans the rest)", "path", conf)
+	case !errors.Is(err, os.ErrNotExist):
+		r.log.Error("kubernetes: removing the CNI config", "path", conf, "err", err)
+	}
 }
 
 // forgetGonePeers drops from the mesh's view the peers that are gone for

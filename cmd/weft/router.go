@@ -52,6 +52,7 @@ func routerFlags(fs *flag.FlagSet, c *router.Config) {
 		c.KubeNamespace = ns
 	}
 	fs.StringVar(&c.KubeNamespace, "kube-namespace", c.KubeNamespace, "namespace of weft's ConfigMap for --kube (default: $POD_NAMESPACE, else kube-system)")
+	fs.StringVar(&c.KubeDaemonSet, "kube-daemonset", c.KubeDaemonSet, "weft's DaemonSet in --kube-namespace: when it is deleted (uninstall), a router that stops removes the CNI config, so that the node turns NotReady (default: none watched)")
 }
 
 // envDefaults sets every flag not given on the command line from

@@ -37,6 +37,9 @@ var (
 		{"", "configmaps", "create", ""},
 		{"", "configmaps", "get", "weft"},
 		{"", "configmaps", "update", "weft"},
+		{"apps", "daemonsets", "get", "weft"},
+		{"apps", "daemonsets", "list", "weft"},
+		{"apps", "daemonsets", "watch", "weft"},
 	}
 	// hostPaths the router container mounts at the same path (the router's
 	// default --cni-bin-dir, --cni-conf-dir, --state-dir, --socket dir, ...).

@@ -58,6 +58,8 @@ var (
 		{"get", "configmaps/weft", "kube-system", ""},
 		{"update", "configmaps/weft", "kube-system", ""},
 		{"create", "configmaps", "kube-system", ""},
+		{"get", "daemonsets/weft", "kube-system", ""},
+		{"watch", "daemonsets/weft", "kube-system", ""},
 	}
 	// A sample of what it must not do.
 	mustDeny = []canI{
@@ -338,7 +340,9 @@ func actAsWeft(ctx context.Context, t *testing.T, admin, sa kubernetes.Interface
 		"creates a ConfigMap in default": second(sa.CoreV1().ConfigMaps("default").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "weft"}}, metav1.CreateOptions{})),
 		"lists Secrets":                  second(sa.CoreV1().Secrets("kube-system").List(ctx, metav1.ListOptions{})),
 		"lists Pods":                     second(sa.CoreV1().Pods("").List(ctx, metav1.ListOptions{})),
-		"reads the DaemonSet":            second(sa.AppsV1().DaemonSets("kube-system").Get(ctx, "weft", metav1.GetOptions{})),
+		"reads another DaemonSet":        second(sa.AppsV1().DaemonSets("kube-system").Get(ctx, "kube-proxy", metav1.GetOptions{})),
+		"lists DaemonSets":               second(sa.AppsV1().DaemonSets("kube-system").List(ctx, metav1.ListOptions{})),
+		"deletes its DaemonSet":          sa.AppsV1().DaemonSets("kube-system").Delete(ctx, "weft", metav1.DeleteOptions{}),
 		"reads its own ServiceAccount":   second(sa.CoreV1().ServiceAccounts("kube-system").Get(ctx, "weft", metav1.GetOptions{})),
 		"creates a ClusterRoleBinding":   second(sa.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "x"}, RoleRef: rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "cluster-admin"}}, metav1.CreateOptions{})),
 	} {

@@ -38,7 +38,8 @@ func nodeClean(ctx context.Context, n *e2e.Node) error {
 // stopped (the DaemonSet's affinity deletes its pod) hands its ranges over
 // and is left with no CNI config, bridge or state: NotReady, and it stays
 // so. A router stopped on an unlabelled node leaves everything for its
-// restart; once the DaemonSet is gone, `weft reset --force` (what
+// restart; one stopped while the DaemonSet is deleted (kubectl delete -k
+// deploy/) removes the CNI config; then `weft reset --force` (what
 // deploy/uninstall runs on every node) cleans the node.
 func TestTakeNodeOut(t *testing.T) {
 	if os.Geteuid() != 0 {
@@ -73,7 +74,7 @@ func TestTakeNodeOut(t *testing.T) {
 	}
 	n0, n1 := c.Nodes[0], c.Nodes[1]
 	for _, n := range c.Nodes {
-		if _, err := n.StartRouter("--kube", "--kubeconfig", id.Kubeconfig, "--node-name", n.Name, "--kube-namespace", "kube-system"); err != nil {
+		if _, err := n.StartRouter("--kube", "--kubeconfig", id.Kubeconfig, "--node-name", n.Name, "--kube-namespace", "kube-system", "--kube-daemonset", "weft"); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -117,6 +118,35 @@ func TestTakeNodeOut(t *testing.T) {
 	if err := nodeClean(ctx, n0); err == nil {
 		t.Fatal("a plain stop of n0's router removed its CNI config, bridge and state")
 	}
+	if err := n0.Router().Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if err := n0.WaitReady(ctx); err != nil {
+		t.Fatalf("n0 after a restart: %v\n%s", err, n0.Router().LogTail(30))
+	}
+	// The uninstall as a user types it: the ServiceAccount, its rights and
+	// the DaemonSet go. The router's open watch still sees the DaemonSet's
+	// deletion; stopped, it removes the CNI config (the node turns
+	// NotReady) and leaves the bridge and the state for deploy/uninstall.
+	dir, err := DeployDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := srv.Kubectl(ctx, "delete", "-k", dir); err != nil {
+		t.Fatalf("kubectl delete -k deploy/: %v\n%s", err, out)
+	}
+	eventually(t, ctx, "n0's router to see its DaemonSet deleted", func() (bool, string) {
+		return countInFile(t, n0.RouterLog, "weft's DaemonSet is deleted") == 1, n0.Router().LogTail(5)
+	})
+	if err := n0.Router().Stop(); err != nil {
+		t.Fatalf("n0: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(n0.CNIConfDir, e2e.ConfListFile)); !os.IsNotExist(err) {
+		t.Fatalf("the CNI config is still there after the uninstall: %v\n%s", err, n0.Router().LogTail(20))
+	}
+	if _, err := os.Stat(filepath.Join(n0.StateDir, "weft.db")); err != nil {
+		t.Errorf("the state went with the DaemonSet: %v", err)
+	}
 	// weft reset --force with no router: what deploy/uninstall runs.
 	if out, err := n0.Weft(ctx, "reset", "--force", "--cni-conf-dir", n0.CNIConfDir, "--state-dir", n0.StateDir, "--bridge", "weft"); err != nil {
 		t.Fatalf("weft reset --force without a router: %v\n%s", err, out)
@@ -127,10 +157,6 @@ func TestTakeNodeOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The uninstall manifest is valid for the API server.
-	dir, err := DeployDir()
-	if err != nil {
-		t.Fatal(err)
-	}
 	if out, err := srv.Kubectl(ctx, "apply", "--dry-run=server", "-k", filepath.Join(dir, "uninstall")); err != nil {
 		t.Fatalf("kubectl apply --dry-run=server -k deploy/uninstall: %v\n%s", err, out)
 	}
