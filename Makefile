@@ -109,12 +109,13 @@ chaos: deps build kube-tools
 		-chaos.seed=$(CHAOS_SEED) -chaos.ops=$(CHAOS_OPS) -chaos.every=$(CHAOS_EVERY) -chaos.pods=$(CHAOS_PODS) >$(BIN)/chaos.log 2>&1; rc=$$?; \
 		grep -E 'chaos summary|VIOLATION|^--- |^(ok|FAIL)' $(BIN)/chaos.log; echo "full log: $(BIN)/chaos.log"; exit $$rc
 
-# kube-tools builds etcd, kube-apiserver and kubectl (pinned by
+# kube-tools builds etcd, kube-apiserver, kubectl, kube-controller-manager,
+# kube-scheduler, kubelet and kube-proxy (pinned by
 # e2e/kubeapi/tools) into the tools cache (WEFT_TOOLS_CACHE, default
 # /var/cache/weft-tools) for the control-plane tests: minutes the first time,
 # once per go.sum of that module; instant afterwards.
 kube-tools:
-	$(GO) run ./e2e/kubeapi/cmd/kube-tools
+	nice -n 10 $(GO) run ./e2e/kubeapi/cmd/kube-tools
 
 # image: bin/weft-image.tar, static weft, weft-cni and portmap on an empty
 # base, built without a Docker engine; load it with `docker load -i` or
