@@ -437,8 +437,14 @@ func killMountNSOf(n *Node) error {
 	for _, p := range []*e2e.Proc{n.KubeProxy, n.Containerd} {
 		_ = p.Kill()
 	}
-	if err := removeCgroupTree(filepath.Join(cgroupBase, "pids", n.CgroupRoot)); err != nil {
+	hier, err := hierarchies()
+	if err != nil {
 		return err
+	}
+	for _, h := range hier {
+		if err := removeCgroupTree(filepath.Join(h, n.CgroupRoot)); err != nil {
+			return err
+		}
 	}
 	return killMountNS([]uint64{st.Ino})
 }
