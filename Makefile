@@ -132,7 +132,7 @@ image:
 # kube-apiserver, kube-controller-manager, kube-scheduler and three kubelet
 # nodes, each a network and mount namespace with Debian's containerd and
 # runc and kube-proxy (nftables); the images imported, then
-# `kubectl apply -k deploy/overlays/api-address`. Prints each phase's
+# `kubectl apply -k e2e/kubenodes/overlay`. Prints each phase's
 # duration; on failure the nodes', pods' and events' state and the logs.
 # The kubelet's host-wide kernel settings are restored and its cgroups
 # removed at the end (docs/kubernetes.md, "Testing on real nodes").

@@ -6,7 +6,7 @@
 // containerd and runc, a kubelet and kube-proxy (nftables mode) built from
 // the pinned module e2e/kubeapi/tools. weft goes on as a user installs it:
 // images imported into every containerd, then `kubectl apply -k` of
-// deploy/overlays/api-address.
+// e2e/kubenodes/overlay.
 //
 // The kubelet changes host-wide kernel settings (vm.overcommit_memory,
 // kernel.panic, kernel.panic_on_oops, ...) and makes cgroups; the harness

@@ -72,12 +72,12 @@ func TestKubeNodes(t *testing.T) {
 	}
 
 	// weft, as a user installs it.
-	deploy, err := kubeapi.DeployDir()
+	root, err := kubeapi.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	step(t, c, "kubectl apply -k deploy/overlays/api-address", func() error {
-		_, err := c.API.Kubectl(ctx, "apply", "-k", filepath.Join(deploy, "overlays", "api-address"))
+	step(t, c, "kubectl apply -k e2e/kubenodes/overlay (deploy/ + API address)", func() error {
+		_, err := c.API.Kubectl(ctx, "apply", "-k", filepath.Join(root, "e2e", "kubenodes", "overlay"))
 		return err
 	})
 	step(t, c, "DaemonSet Running and Ready on every node, nodes Ready", func() error {
