@@ -333,7 +333,7 @@ func TestKubeNodes(t *testing.T) {
 		if _, err := c.API.Kubectl(ctx, "delete", "node", gone.Name); err != nil {
 			return err
 		}
-		want := "node of peer " + rep.Name + " deleted: reclaiming its ranges"
+		want := "node of peer " + rep.Router.Name + " deleted: reclaiming its ranges"
 		var claimed int
 		err = poll(ctx, 2*time.Minute, "one router reclaiming "+gone.Name+"'s ranges", func() (bool, string) {
 			claimed = 0
@@ -353,6 +353,25 @@ func TestKubeNodes(t *testing.T) {
 		if claimed != 1 {
 			return fmt.Errorf("%d reclaims of %s's ranges, want exactly 1", claimed, gone.Name)
 		}
+		// And no router still lists it as an owner of the ring.
+		err = poll(ctx, time.Minute, "every router's ring without "+gone.Name, func() (bool, string) {
+			for _, n := range c.Nodes[:len(c.Nodes)-1] {
+				r, err := report(ctx, n.Node)
+				if err != nil {
+					return false, err.Error()
+				}
+				for _, o := range r.IPAM.Owners {
+					if o.Peer == rep.Router.Name {
+						return false, n.Name + " still lists " + o.Peer
+					}
+				}
+			}
+			return true, ""
+		})
+		if err != nil {
+			return err
+		}
+		t.Logf("%s (peer %s) reclaimed by exactly one router", gone.Name, rep.Router.Name)
 		c.Nodes = c.Nodes[:len(c.Nodes)-1]
 		return nil
 	})
@@ -360,8 +379,8 @@ func TestKubeNodes(t *testing.T) {
 	// The password Secret and a rollout restart: encrypted afterwards.
 	step(t, c, "password Secret + rollout restart", func() error {
 		for _, n := range c.Nodes {
-			if rep, err := report(ctx, n.Node); err != nil || rep.Encryption.Enabled {
-				return fmt.Errorf("%s before any password: encryption %+v, %v; want disabled", n.Name, rep.Encryption, err)
+			if rep, err := report(ctx, n.Node); err != nil || rep.Router.Encryption.Enabled {
+				return fmt.Errorf("%s before any password: encryption %+v, %v; want disabled", n.Name, rep.Router.Encryption, err)
 			}
 		}
 		if _, err := c.API.Kubectl(ctx, "create", "secret", "generic", "weft-passwd", "-n", "kube-system", "--from-literal=password=e2e-kube-"+run.Prefix()); err != nil {
@@ -378,9 +397,9 @@ func TestKubeNodes(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			t.Logf("%s after the rollout: encryption %+v", n.Name, rep.Encryption)
-			if !rep.Encryption.Enabled {
-				return fmt.Errorf("%s is not encrypting after the password rollout: %+v", n.Name, rep.Encryption)
+			t.Logf("%s after the rollout: encryption %+v", n.Name, rep.Router.Encryption)
+			if !rep.Router.Encryption.Enabled {
+				return fmt.Errorf("%s is not encrypting after the password rollout: %+v", n.Name, rep.Router.Encryption)
 			}
 		}
 		after := probePods(t, ctx, c)
@@ -399,12 +418,20 @@ func step(t *testing.T, c *Cluster, name string, fn func() error) {
 	}
 }
 
+// routerReport is the part of a router's /report the test reads.
 type routerReport struct {
-	Name       string          `json:"name"`
-	Encryption struct {
-		Enabled bool   `json:"enabled"`
-		AEAD    string `json:"aead"`
-	} `json:"encryption"`
+	Router struct {
+		Name       string `json:"name"`
+		Encryption struct {
+			Enabled bool   `json:"enabled"`
+			AEAD    string `json:"aead"`
+		} `json:"encryption"`
+	} `json:"router"`
+	IPAM struct {
+		Owners []struct {
+			Peer string `json:"peer"`
+		} `json:"owners"`
+	} `json:"ipam"`
 }
 
 func report(ctx context.Context, n *e2e.Node) (routerReport, error) {
@@ -413,7 +440,13 @@ func report(ctx context.Context, n *e2e.Node) (routerReport, error) {
 	if err != nil {
 		return rep, err
 	}
-	return rep, json.Unmarshal(data, &rep)
+	if err := json.Unmarshal(data, &rep); err != nil {
+		return rep, fmt.Errorf("%s's /report: %w", n.Name, err)
+	}
+	if rep.Router.Name == "" {
+		return rep, fmt.Errorf("%s's /report names no peer: %.300s", n.Name, data)
+	}
+	return rep, nil
 }
 
 // countInPodLogs counts s in the router container logs kept on node n.
