@@ -26,6 +26,8 @@ const (
 	PodRange = "10.32.0.0/12"
 	// pollEvery is how often conditions are polled.
 	pollEvery = 200 * time.Millisecond
+	// apiServerGrace is how long kube-apiserver gets to stop on SIGTERM.
+	apiServerGrace = 90 * time.Second
 	// logLines is how much of each log a failure shows.
 	logLines = 40
 )
@@ -167,6 +169,16 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 		return err
 	}
 	c.API = s
+	// With kubelets, controllers and a lease reconciler the API server
+	// takes longer than kubeapi's 10 s to drain and stop on SIGTERM. This
+	// runs before kubeapi's own stop (and after the clients' stops, which
+	// are registered later), which then finds it gone.
+	c.Run.Defer("stop kube-apiserver", func() error {
+		start := time.Now()
+		err := s.APIServer.Stop(apiServerGrace)
+		c.log.Info("kubenodes: kube-apiserver stopped", "took", time.Since(start).Round(time.Millisecond), "err", err)
+		return err
+	})
 	if c.CS, err = s.Clientset(); err != nil {
 		return err
 	}
