@@ -145,6 +145,11 @@ func New(ctx context.Context, run *e2e.Run, opts Options) (*Cluster, error) {
 	if err = c.Timed("control plane (etcd, apiserver, controller-manager, scheduler)", func() error { return c.startControlPlane(ctx) }); err != nil {
 		return c, err
 	}
+	// The same again, earlier: after the nodes' daemons stop (registered
+	// later) and before the control plane does, so that no router's watch
+	// holds kube-apiserver's shutdown open. The first one stays as the
+	// safety net; a second Restore finds nothing left to do.
+	run.Defer("kill the nodes' containers and restore host settings", c.Host.Restore)
 	for _, n := range c.Net.Nodes {
 		if err = c.Timed("node "+n.Name+" (mounts, containerd, images, kubelet, kube-proxy)", func() error {
 			return c.startNode(ctx, n)
