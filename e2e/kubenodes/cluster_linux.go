@@ -163,6 +163,26 @@ func New(ctx context.Context, run *e2e.Run, opts Options) (*Cluster, error) {
 	return c, nil
 }
 
+// AddNode brings up one more node (named n<index>) that joins the running
+// cluster: its kubelet registers its Node, and weft's DaemonSet follows.
+func (c *Cluster) AddNode(ctx context.Context) (*Node, error) {
+	en, err := c.Net.AddNode(ctx, "")
+	if err != nil {
+		return nil, err
+	}
+	if err := c.startNode(ctx, en); err != nil {
+		return nil, err
+	}
+	n := c.Nodes[len(c.Nodes)-1]
+	return n, poll(ctx, 2*time.Minute, "node "+n.Name+" registered", func() (bool, string) {
+		if !n.Kubelet.Running() {
+			return false, "kubelet " + n.Name + " exited: " + tailFile(n.Kubelet.LogPath, logLines)
+		}
+		_, err := c.CS.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		return err == nil, fmt.Sprint(err)
+	})
+}
+
 func (c *Cluster) startControlPlane(ctx context.Context) error {
 	s, err := kubeapi.New(ctx, kubeapi.Options{
 		Run: c.Run, NetNS: c.Net.Underlay, Address: e2e.UnderlayGateway,

@@ -408,6 +408,57 @@ func TestKubeNodes(t *testing.T) {
 		}
 		return nil
 	})
+
+	// A node joining later: its router comes up (with the password), the
+	// node turns Ready, and a pod on it reaches every other pod.
+	step(t, c, "a node joining later", func() error {
+		n, err := c.AddNode(ctx)
+		if err != nil {
+			return err
+		}
+		if err := poll(ctx, 3*time.Minute, "weft Ready on "+n.Name+" and the node Ready", func() (bool, string) {
+			pods, err := weftPods(ctx, c)
+			if err != nil {
+				return false, err.Error()
+			}
+			if p := pods[n.Name]; p == nil || !podReady(p) {
+				return false, "router pod not ready"
+			}
+			st := nodeReady(ctx, c, n.Name)
+			return st.Status == corev1.ConditionTrue, string(st.Status) + " " + st.Message
+		}); err != nil {
+			return err
+		}
+		rep, err := report(ctx, n.Node)
+		if err != nil {
+			return err
+		}
+		if !rep.Router.Encryption.Enabled {
+			return fmt.Errorf("the late node %s is not encrypting: %+v", n.Name, rep.Router.Encryption)
+		}
+		late := probePod("late", n.Name)
+		late.Labels = map[string]string{"app": "late"}
+		if _, err := cs.CoreV1().Pods("default").Create(ctx, late, metav1.CreateOptions{}); err != nil {
+			return err
+		}
+		if err := waitPodReady(ctx, c, "default", "late"); err != nil {
+			return err
+		}
+		lp, err := cs.CoreV1().Pods("default").Get(ctx, "late", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if ip, err := netip.ParseAddr(lp.Status.PodIP); err != nil || !rng.Contains(ip) {
+			return fmt.Errorf("the late pod's address %q is outside %s", lp.Status.PodIP, rng)
+		}
+		all := append(probePods(t, ctx, c), *lp)
+		m := podMatrix(ctx, all)
+		t.Logf("with the late node %s (pod %s at %s):\n%s", n.Name, lp.Name, lp.Status.PodIP, m)
+		if !m.AllOK() {
+			return fmt.Errorf("with the late node: %v", m.Failures())
+		}
+		return nil
+	})
 }
 
 // step runs fn as a phase and fails the test with its error.
