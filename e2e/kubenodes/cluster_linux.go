@@ -194,10 +194,11 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 		return err
 	}
 	c.API = s
-	// With kubelets, controllers and a lease reconciler the API server
-	// takes longer than kubeapi's 10 s to drain and stop on SIGTERM. This
-	// runs before kubeapi's own stop (and after the clients' stops, which
-	// are registered later), which then finds it gone.
+	// The API server waits for open watches on SIGTERM, up to a minute: a
+	// client still running (a router whose container outlived a failed
+	// cleanup) must not turn that into kubeapi's 10 s kill. This runs
+	// before kubeapi's own stop (and after the clients' stops, which are
+	// registered later), which then finds it gone.
 	c.Run.Defer("stop kube-apiserver", func() error {
 		start := time.Now()
 		err := s.APIServer.Stop(apiServerGrace)
