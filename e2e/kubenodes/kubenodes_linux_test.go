@@ -1,6 +1,7 @@
 package kubenodes
 
 import (
+	"archive/tar"
 	"context"
 	"encoding/json"
 	"flag"
@@ -459,6 +460,122 @@ func TestKubeNodes(t *testing.T) {
 		}
 		return nil
 	})
+
+	// An image upgrade by rolling update (to the image's other tag, as a
+	// new version would be): pods keep their addresses; the cross-node
+	// traffic lost during the whole rollout is measured.
+	step(t, c, "image upgrade by rolling update", func() error {
+		tag, err := otherTag(images[0])
+		if err != nil {
+			return err
+		}
+		before := probePods(t, ctx, c)
+		var src, dst *corev1.Pod
+		for i := range before {
+			p := &before[i]
+			if p.Spec.NodeName == c.Nodes[0].Name && dst == nil {
+				dst = p
+			}
+			if p.Spec.NodeName != c.Nodes[0].Name && src == nil {
+				src = p
+			}
+		}
+		if src == nil || dst == nil {
+			return fmt.Errorf("no pods on two nodes to measure with")
+		}
+		ns, err := PodNetns(src.Name)
+		if err != nil {
+			return err
+		}
+		stop := measureLoss(ctx, ns, "http://"+dst.Status.PodIP+":8080/")
+		start := time.Now()
+		_, err = c.API.Kubectl(ctx, "set", "image", "-n", "kube-system", "daemonset/weft", "weft="+tag, "install-cni="+tag)
+		if err == nil {
+			_, err = c.API.Kubectl(ctx, "rollout", "status", "-n", "kube-system", "daemonset/weft", "--timeout=5m")
+		}
+		took := time.Since(start)
+		sent, lost := stop()
+		if err != nil {
+			return err
+		}
+		t.Logf("rolling update to %s over %d nodes took %s; %s -> %s: %d of %d requests (every 100ms, 500ms timeout) lost meanwhile", tag, len(c.Nodes), took.Round(100*time.Millisecond), src.Name, dst.Name, lost, sent)
+		after := probePods(t, ctx, c)
+		was := map[string]string{}
+		for _, p := range before {
+			was[p.Name] = p.Status.PodIP
+		}
+		for _, p := range after {
+			if ip, ok := was[p.Name]; ok && ip != p.Status.PodIP {
+				return fmt.Errorf("pod %s had %s before the upgrade and %s after", p.Name, ip, p.Status.PodIP)
+			}
+		}
+		if m := podMatrix(ctx, after); !m.AllOK() {
+			return fmt.Errorf("after the upgrade: %v\n%s", m.Failures(), m)
+		}
+		return nil
+	})
+}
+
+// otherTag is the tag of the weft image tarball that is not weft:latest
+// (make image tags weft:latest and weft:<version>).
+func otherTag(tarPath string) (string, error) {
+	f, err := os.Open(tarPath)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if err != nil {
+			return "", fmt.Errorf("no manifest.json in %s: %v", tarPath, err)
+		}
+		if h.Name != "manifest.json" {
+			continue
+		}
+		var m []struct{ RepoTags []string }
+		if err := json.NewDecoder(tr).Decode(&m); err != nil {
+			return "", err
+		}
+		for _, e := range m {
+			for _, t := range e.RepoTags {
+				if t != "weft:latest" && !strings.HasSuffix(t, "/weft:latest") {
+					return t, nil
+				}
+			}
+		}
+		return "", fmt.Errorf("%s has no tag besides weft:latest", tarPath)
+	}
+}
+
+// measureLoss fetches url from ns every 100 ms (500 ms timeout) until the
+// returned stop is called, which says how many were sent and lost.
+func measureLoss(ctx context.Context, ns *e2e.Netns, url string) (stop func() (sent, lost int64)) {
+	done := make(chan struct{})
+	var s, l atomic.Int64
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // ends at close(done)
+		defer wg.Done()
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+			s.Add(1)
+			if _, err := Get(ctx, ns, url, 500*time.Millisecond); err != nil {
+				l.Add(1)
+			}
+		}
+	}()
+	return func() (int64, int64) {
+		close(done)
+		wg.Wait()
+		return s.Load(), l.Load()
+	}
 }
 
 // step runs fn as a phase and fails the test with its error.
