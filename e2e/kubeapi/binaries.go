@@ -32,6 +32,12 @@ var Tools = []Tool{
 	{Name: "etcd", Pkg: "github.com/weft-net/weft/e2e/kubeapi/tools/etcd", Note: "about a minute"},
 	{Name: "kube-apiserver", Pkg: "k8s.io/kubernetes/cmd/kube-apiserver", Note: "first time, a few minutes"},
 	{Name: "kubectl", Pkg: "k8s.io/kubernetes/cmd/kubectl", Note: "a minute or two"},
+	// The rest of a cluster, for the real-node harness (e2e/kubenodes):
+	// the same pinned version as the API server.
+	{Name: "kube-controller-manager", Pkg: "k8s.io/kubernetes/cmd/kube-controller-manager", Note: "first time, a few minutes"},
+	{Name: "kube-scheduler", Pkg: "k8s.io/kubernetes/cmd/kube-scheduler", Note: "a minute or two"},
+	{Name: "kubelet", Pkg: "k8s.io/kubernetes/cmd/kubelet", Note: "first time, a few minutes"},
+	{Name: "kube-proxy", Pkg: "k8s.io/kubernetes/cmd/kube-proxy", Note: "a minute or two"},
 }
 
 // ldflags stamps the Kubernetes version into the kube binaries (component-base
@@ -54,6 +60,11 @@ type Bins struct {
 	Etcd      string
 	APIServer string
 	Kubectl   string
+
+	ControllerManager string
+	Scheduler         string
+	Kubelet           string
+	KubeProxy         string
 }
 
 func binsIn(dir string) Bins {
@@ -62,6 +73,11 @@ func binsIn(dir string) Bins {
 		Etcd:      filepath.Join(dir, "etcd"),
 		APIServer: filepath.Join(dir, "kube-apiserver"),
 		Kubectl:   filepath.Join(dir, "kubectl"),
+
+		ControllerManager: filepath.Join(dir, "kube-controller-manager"),
+		Scheduler:         filepath.Join(dir, "kube-scheduler"),
+		Kubelet:           filepath.Join(dir, "kubelet"),
+		KubeProxy:         filepath.Join(dir, "kube-proxy"),
 	}
 }
 

@@ -86,6 +86,9 @@ type Server struct {
 	// CAFile verifies the server's certificate; CAData is its contents.
 	CAFile string
 	CAData []byte
+	// SAKeyFile signs ServiceAccount tokens (kube-controller-manager's
+	// --service-account-private-key-file).
+	SAKeyFile string
 	// Admin is the cluster admin (group system:masters), as a token, a
 	// kubeconfig file and a rest.Config that dials inside NS.
 	Admin *Identity
@@ -212,7 +215,7 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.CAFile, s.CAData = p.CAFile, p.CAData
+	s.CAFile, s.CAData, s.SAKeyFile = p.CAFile, p.CAData, p.SAKey
 	admin, err := randomToken()
 	if err != nil {
 		return nil, err

@@ -54,7 +54,18 @@ var programs = []program{
 	{Name: "weft", Pkg: "./cmd/weft"},
 	{Name: "weft-cni", Pkg: "./cmd/weft-cni"},
 	{Name: "portmap", Pkg: "github.com/containernetworking/plugins/plugins/meta/portmap"},
+	// The CNI runtime (containerd's CRI) calls loopback for every pod; a
+	// node without the kubernetes-cni package lacks it.
+	{Name: "loopback", Pkg: "github.com/containernetworking/plugins/plugins/main/loopback"},
 }
+
+// pausePrograms is the pause image (-pause): the sandbox process alone, at
+// the image's root, as Kubernetes' own pause image has it.
+var pausePrograms = []program{{Name: "pause", Pkg: "./hack/image/pause"}}
+
+// PauseTag is the pause image's default tag, the sandbox image a container
+// runtime is configured with (e2e/kubenodes does so).
+const PauseTag = "registry.k8s.io/pause:3.10"
 
 // File is one regular file of the image.
 type File struct {
@@ -68,6 +79,8 @@ type Spec struct {
 	Version string    // label and tag
 	Arch    string    // GOARCH, e.g. amd64
 	Created time.Time // creation time and every file's mtime
+	// Pause makes the pause image: /pause as its entrypoint, no command.
+	Pause bool
 }
 
 func main() {
@@ -82,6 +95,7 @@ func run() error {
 	version := flag.String("version", "dev", "version stamped into weft and the image label and tag")
 	arch := flag.String("arch", runtime.GOARCH, "GOARCH of the image")
 	fromDir := flag.String("bin-dir", "", "take the binaries from this directory instead of building them (they must be static)")
+	pause := flag.Bool("pause", false, "build the pod sandbox (pause) image instead, tagged "+PauseTag+" by default, for a cluster without a registry")
 	var tags tagList
 	flag.Var(&tags, "tag", "image name:tag, repeatable (default weft:latest and weft:<version>)")
 	flag.Parse()
@@ -90,12 +104,15 @@ func run() error {
 	}
 	if len(tags) == 0 {
 		tags = tagList{"weft:latest", "weft:" + sanitizeTag(*version)}
+		if *pause {
+			tags = tagList{PauseTag}
+		}
 	}
 	created, err := sourceDateEpoch()
 	if err != nil {
 		return err
 	}
-	spec := Spec{Version: *version, Arch: *arch, Created: created}
+	spec := Spec{Version: *version, Arch: *arch, Created: created, Pause: *pause}
 	dir := *fromDir
 	if dir == "" {
 		tmp, err := os.MkdirTemp("", "weft-image-")
@@ -108,7 +125,7 @@ func run() error {
 		}
 		dir = tmp
 	}
-	files, err := readPrograms(dir)
+	files, err := readPrograms(dir, spec)
 	if err != nil {
 		return err
 	}
@@ -182,7 +199,7 @@ func buildPrograms(ctx context.Context, dir string, spec Spec) error {
 	if err != nil {
 		return err
 	}
-	for _, p := range programs {
+	for _, p := range spec.programs() {
 		fmt.Fprintf(os.Stderr, "building %s (linux/%s, static)\n", p.Name, spec.Arch)
 		cmd := exec.CommandContext(ctx, "go", "build", "-trimpath",
 			"-ldflags", fmt.Sprintf("-s -w -X %s=%s", versionVar, spec.Version),
@@ -194,6 +211,14 @@ func buildPrograms(ctx context.Context, dir string, spec Spec) error {
 		}
 	}
 	return nil
+}
+
+// programs are the binaries of the image spec describes.
+func (s Spec) programs() []program {
+	if s.Pause {
+		return pausePrograms
+	}
+	return programs
 }
 
 // moduleRoot walks up from the working directory to the weft module's go.mod.
@@ -215,9 +240,9 @@ func moduleRoot() (string, error) {
 
 // readPrograms reads every program from dir and checks that each is a
 // static executable, since the image has no C library to link against.
-func readPrograms(dir string) ([]File, error) {
+func readPrograms(dir string, spec Spec) ([]File, error) {
 	var files []File
-	for _, p := range programs {
+	for _, p := range spec.programs() {
 		src := filepath.Join(dir, p.Name)
 		data, err := os.ReadFile(src)
 		if err != nil {
@@ -226,7 +251,11 @@ func readPrograms(dir string) ([]File, error) {
 		if err := checkStatic(src); err != nil {
 			return nil, err
 		}
-		files = append(files, File{Path: path.Join(binDir, p.Name), Mode: 0o755, Data: data})
+		dst := path.Join(binDir, p.Name)
+		if spec.Pause {
+			dst = p.Name
+		}
+		files = append(files, File{Path: dst, Mode: 0o755, Data: data})
 	}
 	return files, nil
 }
@@ -294,6 +323,17 @@ func Image(files []File, spec Spec) (v1.Image, error) {
 			"org.opencontainers.image.description": "weft: an overlay pod network for Kubernetes (router, CNI plugin, portmap)",
 			"org.opencontainers.image.version":     spec.Version,
 		},
+	}
+	if spec.Pause {
+		cf.Config = v1.Config{
+			Entrypoint: []string{"/pause"},
+			WorkingDir: "/",
+			Labels: map[string]string{
+				"org.opencontainers.image.title":       "pause",
+				"org.opencontainers.image.description": "weft's pod sandbox process (hack/image/pause), for test clusters without a registry",
+				"org.opencontainers.image.version":     spec.Version,
+			},
+		}
 	}
 	img, err = mutate.ConfigFile(img, cf)
 	if err != nil {
