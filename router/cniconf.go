@@ -15,6 +15,13 @@ const ConfListName = "10-weft.conflist"
 // Plugins the router installs into --cni-bin-dir, from beside its own binary.
 var cniPlugins = []string{"weft-cni", "portmap"}
 
+// hostPlugins are the plugins a node needs that are not weft's own: the
+// CRI calls loopback for every pod sandbox, and a node without Debian's
+// kubernetes-cni package (or containernetworking-plugins) has none. They are
+// installed when they are beside the weft binary (the image has them) and
+// the node has none of its own: a node's own copy is left as it is.
+var hostPlugins = []string{"loopback"}
+
 // ConfList is the network configuration list the router writes. cniVersion
 // stays at 1.0.0, which every runtime in use accepts (containerd 1.6's libcni
 // knows nothing later); cniVersions offers 1.1.0 so that newer runtimes use
@@ -38,7 +45,8 @@ func ConfList(socket string) ([]byte, error) {
 // binary) into binDir, each atomically (a runtime never runs a half-written
 // plugin) and only when it differs. It returns the files it changed. The
 // DaemonSet's init container runs it (weft install-cni), so that the
-// plugins are in place before the router writes the conflist.
+// plugins are in place before the router writes the conflist. The host
+// plugins (loopback) are added only where the node has none.
 func InstallPlugins(srcDir, binDir string) (changed []string, err error) {
 	if err := os.MkdirAll(binDir, 0o755); err != nil {
 		return nil, fmt.Errorf("creating the CNI binary directory %s: %w", binDir, err)
@@ -56,6 +64,23 @@ func InstallPlugins(srcDir, binDir string) (changed []string, err error) {
 		if ok {
 			changed = append(changed, filepath.Join(binDir, p))
 		}
+	}
+	for _, p := range hostPlugins {
+		dst := filepath.Join(binDir, p)
+		if _, err := os.Stat(dst); err == nil {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(srcDir, p))
+		if os.IsNotExist(err) {
+			continue // an install without it (a plain `go build`): the node must have its own
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading the CNI plugin %s beside the weft binary: %w", p, err)
+		}
+		if _, err := writeIfChanged(dst, data, 0o755); err != nil {
+			return nil, fmt.Errorf("installing %s into %s: %w", p, binDir, err)
+		}
+		changed = append(changed, dst)
 	}
 	return changed, nil
 }

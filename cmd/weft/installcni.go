@@ -15,7 +15,7 @@ import (
 func cmdInstallCNI(args []string) error {
 	fs := flag.NewFlagSet("install-cni", flag.ContinueOnError)
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: weft install-cni DIR\n\ncopies weft-cni and portmap from beside the weft binary into DIR (e.g. /opt/cni/bin)")
+		fmt.Fprintln(fs.Output(), "usage: weft install-cni DIR\n\ncopies weft-cni and portmap from beside the weft binary into DIR (e.g. /opt/cni/bin), and the CNI loopback plugin where DIR has none")
 	}
 	if err := fs.Parse(args); err != nil {
 		return err
