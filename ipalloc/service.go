@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -114,12 +113,12 @@ type Service struct {
 	log      *slog.Logger
 	universe netip.Prefix
 
-	reqs    chan *request // to the loop: callers waiting for a step
-	inbox   chan inbound  // to the loop: gossip, which does not wait
-	dropped atomic.Uint64 // inbound dropped on a full inbox
-	saves   atomic.Uint64 // transactions committed
-	calling atomic.Int64  // callers waiting for the loop to take their request
-	local   atomic.Pointer[[]byte]
+	reqs    chan *request        // to the loop: callers waiting for a step
+	inbox   chan inbound         // to the loop: gossip, which does not wait
+	dropped atomic.Uint64        // inbound dropped on a full inbox
+	saves   atomic.Uint64        // transactions committed
+	calling atomic.Int64         // callers waiting for the loop to take their request
+	saved   atomic.Pointer[Ring] // the ring on disk: the only one offered in a full-state exchange
 
 	running atomic.Bool   // Run's loop takes the steps (set under mu)
 	stopped chan struct{} // closed when Run ended
@@ -133,7 +132,6 @@ type Service struct {
 	out     chan outgoing         // to routineSend
 	tr      Transport
 	broken  error           // set when the state could not be saved nor reloaded
-	saved   *Ring           // the ring on disk: the only one offered in a full-state exchange
 	leaving []chan struct{} // callers of Leave waiting for the heir
 
 	ringChanged chan struct{} // signalled (coalesced) after a ring change is saved
@@ -436,12 +434,9 @@ func (s *Service) queue(o outgoing) {
 	}
 }
 
-// setSaved records r as the ring on disk and publishes it for LocalState.
-func (s *Service) setSaved(r *Ring) {
-	s.saved = r
-	msg := EncodeMsg(&RingMsg{Ring: r})
-	s.local.Store(&msg)
-}
+// setSaved records r (not changed afterwards) as the ring on disk, which
+// LocalState offers.
+func (s *Service) setSaved(r *Ring) { s.saved.Store(r) }
 
 // persistLocked writes what rds say to persist, in order, in one
 // transaction: each allocation under its own key, the ring once (the
@@ -613,7 +608,7 @@ func (s *Service) Step(from PeerName, data []byte) error {
 // one whose save failed, also when the state could not be reloaded. It
 // reads what the loop published and never waits for it.
 func (s *Service) LocalState() []byte {
-	return slices.Clone(*s.local.Load())
+	return EncodeMsg(&RingMsg{Ring: s.saved.Load()})
 }
 
 // AddPeer tells the core about a member of the mesh; it does not wait.
