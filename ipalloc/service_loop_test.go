@@ -254,3 +254,57 @@ func TestServiceLoopAllocateCanceled(t *testing.T) {
 		t.Fatal("a canceled Allocate allocated")
 	}
 }
+
+// recordingTransport records what the loop's sender sends.
+type recordingTransport struct {
+	mu   sync.Mutex
+	sent []PeerName // "" for a broadcast
+}
+
+func (r *recordingTransport) Broadcast([]byte) error { return r.SendTo("", nil) }
+
+func (r *recordingTransport) SendTo(p PeerName, _ []byte) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.sent = append(r.sent, p)
+	return nil
+}
+
+func (r *recordingTransport) sentTo(p PeerName) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Contains(r.sent, p)
+}
+
+// TestServiceLoopPersistBeforeSend: a donation asked for by gossip is
+// sent once its step saved it, and never when that save failed.
+func TestServiceLoopPersistBeforeSend(t *testing.T) {
+	for _, failing := range []bool{false, true} {
+		e := newSvcEnv(t, "10.32.0.0/24")
+		svc := e.mustStart()
+		tr := &recordingTransport{}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); svc.Run(ctx, tr) }()
+		waitFor(t, "the loop", svc.running.Load)
+		if failing {
+			if err := e.db.Close(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := svc.Deliver("other", EncodeMsg(&DonateRequest{ID: 1})); err != nil {
+			t.Fatal(err)
+		}
+		if failing {
+			waitFor(t, "the failed save", func() bool { return errors.Is(svc.Err(), ErrBroken) })
+			svc.read(func() {}) // a step after it: its sends were queued by now
+		} else {
+			waitFor(t, "the donation sent", func() bool { return tr.sentTo("other") })
+		}
+		cancel()
+		<-done // the sender has stopped: what it took is recorded, the rest still queued
+		if failing && (tr.sentTo("other") || len(svc.out) > 0) {
+			t.Fatalf("a donation whose save failed was sent (%v) or queued (%d)", tr.sent, len(svc.out))
+		}
+	}
+}
