@@ -97,6 +97,10 @@ type ServiceConfig struct {
 	// made less than GCGrace before the GC (by Now) is never collected, as
 	// the runtime's list of valid attachments may predate it. 0: none.
 	GCGrace time.Duration
+	// OnSave, if set, is told of every save the owner commits or fails
+	// (one transaction, one fsync), with how long it took by Now: for
+	// metrics. It runs on the owner and must be quick.
+	OnSave func(took time.Duration, err error)
 }
 
 // DefaultGCGrace is a GCGrace for a router: longer than a runtime takes
@@ -453,7 +457,8 @@ func (s *Service) persistLocked(rds []Ready) error {
 	if !some {
 		return nil
 	}
-	now := s.cfg.Now().UTC()
+	start := s.cfg.Now()
+	now := start.UTC()
 	err := s.db.UpdateTx(func(tx *bolt.Tx) error {
 		for i, rd := range rds {
 			if err := s.persistOne(tx, rd, i == lastRing, now); err != nil {
@@ -464,6 +469,9 @@ func (s *Service) persistLocked(rds []Ready) error {
 	})
 	if err == nil {
 		s.saves.Add(1)
+	}
+	if s.cfg.OnSave != nil {
+		s.cfg.OnSave(s.cfg.Now().Sub(start), err)
 	}
 	return err
 }

@@ -44,6 +44,7 @@ func (r *Router) openIPAM(ctx context.Context) error {
 	}
 	svc, err := ipalloc.NewService(ipalloc.ServiceConfig{
 		Self: ipalloc.PeerName(r.name), Universe: r.cfg.Universe, Init: init, DB: r.db, Log: r.log,
+		OnSave: r.metrics.observeSave,
 	})
 	if err != nil {
 		return err
