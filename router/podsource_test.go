@@ -99,7 +99,9 @@ func TestAllowPodSourceBatches(t *testing.T) {
 func TestAllowPodSourceBeforeGuard(t *testing.T) {
 	r := &Router{kernel: &fakeKernel{}, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	done := make(chan error, 1)
-	go func() { done <- r.allowPodSource(bridge.PodSource{Veth: "vethwe-x", Addr: netip.MustParseAddr("10.32.0.2")}) }()
+	go func() {
+		done <- r.allowPodSource(bridge.PodSource{Veth: "vethwe-x", Addr: netip.MustParseAddr("10.32.0.2")})
+	}()
 	select {
 	case err := <-done:
 		if err != nil {
