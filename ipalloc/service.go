@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -96,21 +97,38 @@ type ServiceConfig struct {
 	// made less than GCGrace before the GC (by Now) is never collected, as
 	// the runtime's list of valid attachments may predate it. 0: none.
 	GCGrace time.Duration
+	// OnSave, if set, is told of every save the owner commits or fails
+	// (one transaction, one fsync), with how long it took by Now: for
+	// metrics. It runs on the owner and must be quick.
+	OnSave func(took time.Duration, err error)
 }
 
 // DefaultGCGrace is a GCGrace for a router: longer than a runtime takes
 // from listing its attachments to the end of the GC it sends them with.
 const DefaultGCGrace = time.Minute
 
-// Service is the IO shell around the pure Peer: it serialises calls, keeps
-// the Ready contract (persist, then send, then answer), ticks the core,
-// and makes allocation a blocking call for the local API.
+// Service is the IO shell around the pure Peer: its owner loop (Run,
+// service_loop.go) serialises calls into steps, keeps the Ready contract
+// (persist, then send, then answer) with one save per step, ticks the
+// core, and makes allocation a blocking call for the local API.
 type Service struct {
 	cfg      ServiceConfig
 	db       *state.DB
 	log      *slog.Logger
 	universe netip.Prefix
 
+	reqs    chan *request        // to the loop: callers waiting for a step
+	inbox   chan inbound         // to the loop: gossip, which does not wait
+	dropped atomic.Uint64        // inbound dropped on a full inbox
+	saves   atomic.Uint64        // transactions committed
+	calling atomic.Int64         // callers waiting for the loop to take their request
+	saved   atomic.Pointer[Ring] // the ring on disk: the only one offered in a full-state exchange
+
+	running atomic.Bool   // Run's loop takes the steps (set under mu)
+	stopped chan struct{} // closed when Run ended
+
+	// mu is held by whoever runs a step: the loop, or a caller while no
+	// loop runs. What follows is the owner's.
 	mu      sync.Mutex
 	p       *Peer
 	meta    map[Key]Meta          // of held allocations, and of ones being made
@@ -118,7 +136,6 @@ type Service struct {
 	out     chan outgoing         // to routineSend
 	tr      Transport
 	broken  error           // set when the state could not be saved nor reloaded
-	saved   *Ring           // the ring on disk: the only one offered in a full-state exchange
 	leaving []chan struct{} // callers of Leave waiting for the heir
 
 	ringChanged chan struct{} // signalled (coalesced) after a ring change is saved
@@ -130,9 +147,9 @@ var ErrBroken = errors.New("ipalloc state unusable; restart the router")
 
 // Err returns the error that made the service unusable, or nil.
 func (s *Service) Err() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.broken
+	var err error
+	s.read(func() { err = s.broken })
+	return err
 }
 
 type outgoing struct {
@@ -158,6 +175,9 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 		meta: map[Key]Meta{}, waiters: map[Key][]chan Answer{},
 		out:         make(chan outgoing, 4096),
 		ringChanged: make(chan struct{}, 1),
+		reqs:        make(chan *request),
+		inbox:       make(chan inbound, inboxSize),
+		stopped:     make(chan struct{}),
 	}
 	saved, err := cfg.DB.Get(bucketIPAM, keyUniverse)
 	if err != nil {
@@ -198,8 +218,8 @@ func HasRing(db *state.DB) (bool, error) {
 	if err != nil || len(data) == 0 {
 		return false, err
 	}
-	var r Ring
-	if err := json.Unmarshal(data, &r); err != nil {
+	r, err := decodeSavedRing(data)
+	if err != nil {
 		return false, nil // NewService reports it
 	}
 	return !r.Empty(), nil
@@ -214,14 +234,14 @@ func (s *Service) load() error {
 			return nil
 		}
 		if data := b.Get([]byte(keyRing)); len(data) > 0 {
-			var r Ring
-			if err := json.Unmarshal(data, &r); err != nil {
+			r, err := decodeSavedRing(data)
+			if err != nil {
 				return fmt.Errorf("the ring saved in %s is unreadable: %w (move the file away to start afresh; allocations on this node would be lost)", s.db.Path(), err)
 			}
 			if err := r.Validate(); err != nil {
 				return fmt.Errorf("the ring saved in %s is invalid: %w", s.db.Path(), err)
 			}
-			hs.Ring = &r
+			hs.Ring = r
 		}
 		if data := b.Get([]byte(keyPaxos)); len(data) > 0 {
 			if err := json.Unmarshal(data, &hs.Paxos); err != nil {
@@ -313,10 +333,11 @@ func (s *Service) load() error {
 		return err
 	}
 	s.p, s.meta = p, meta
-	s.saved = NewRing(RangeOf(s.universe))
+	saved := NewRing(RangeOf(s.universe))
 	if hs.Ring != nil {
-		s.saved = p.Gossip() // the saved ring (with the seed of a ring saved before seeds)
+		saved = p.Gossip() // the saved ring (with the seed of a ring saved before seeds)
 	}
+	s.setSaved(saved)
 	for k := range meta {
 		if _, ok := p.Lookup(k); !ok {
 			delete(s.meta, k) // not restored (reported by the core)
@@ -335,16 +356,20 @@ func parseDBKey(b []byte) (Key, bool) {
 	return Key{ContainerID: id, IfName: ifname}, ok
 }
 
-// flushLocked acts on the core's Ready: persist, then queue the sends,
-// then answer and log. If persisting fails, the core is rebuilt from disk
-// and nothing of that Ready is sent or answered.
+// flushLocked acts on every Ready the core has: persist them all in one
+// transaction, then queue the sends, then answer and log. If persisting
+// fails, the core is rebuilt from disk and nothing of those Readies is
+// sent or answered.
 func (s *Service) flushLocked() error {
 	if s.broken != nil {
 		return s.broken
 	}
+	var rds []Ready
 	for s.p.HasReady() {
-		rd := s.p.Ready()
-		if err := s.persistLocked(rd); err != nil {
+		rds = append(rds, s.p.Ready())
+	}
+	if len(rds) > 0 {
+		if err := s.persistLocked(rds); err != nil {
 			s.log.Error("ipalloc: saving state failed; reloading it from disk", "err", err)
 			if lerr := s.load(); lerr != nil {
 				// Memory may now hold what the disk does not: answer
@@ -359,8 +384,10 @@ func (s *Service) flushLocked() error {
 			}
 			return err
 		}
+	}
+	for _, rd := range rds {
 		if rd.Ring != nil {
-			s.saved = rd.Ring.Clone()
+			s.setSaved(rd.Ring.Clone())
 			select {
 			case s.ringChanged <- struct{}{}:
 			default:
@@ -411,131 +438,138 @@ func (s *Service) queue(o outgoing) {
 	}
 }
 
-// persistLocked writes what rd says to persist, in one transaction.
-func (s *Service) persistLocked(rd Ready) error {
-	if rd.Ring == nil && rd.Paxos == nil && rd.Removed == nil && rd.Members == nil && len(rd.Allocs) == 0 && rd.Left == "" && rd.Rejoin == nil {
+// setSaved records r (not changed afterwards) as the ring on disk, which
+// LocalState offers.
+func (s *Service) setSaved(r *Ring) { s.saved.Store(r) }
+
+// persistLocked writes what rds say to persist, in order, in one
+// transaction: each allocation under its own key, the ring once (the
+// last one), and only when one of them changed it.
+func (s *Service) persistLocked(rds []Ready) error {
+	lastRing := -1
+	some := false
+	for i, rd := range rds {
+		if rd.Ring != nil {
+			lastRing = i
+		}
+		some = some || rd.Ring != nil || rd.Paxos != nil || rd.Removed != nil || rd.Members != nil || len(rd.Allocs) > 0 || rd.Left != "" || rd.Rejoin != nil
+	}
+	if !some {
 		return nil
 	}
-	now := s.cfg.Now().UTC()
-	return s.db.Batch(func(tx *bolt.Tx) error {
-		ipam, err := tx.CreateBucketIfNotExists([]byte(bucketIPAM))
-		if err != nil {
-			return err
-		}
-		put := func(key string, v any) error {
-			data, err := json.Marshal(v)
-			if err != nil {
-				return err
-			}
-			return ipam.Put([]byte(key), data)
-		}
-		if rd.Ring != nil {
-			if err := put(keyRing, rd.Ring); err != nil {
-				return err
-			}
-		}
-		if rd.Paxos != nil {
-			if err := put(keyPaxos, rd.Paxos); err != nil {
-				return err
-			}
-		}
-		if rd.Removed != nil {
-			if err := put(keyRemoved, rd.Removed); err != nil {
-				return err
-			}
-			if err := put(keyReclaimed, rd.Reclaimed); err != nil {
-				return err
-			}
-			if err := put(keyWithdrawn, rd.Withdrawn); err != nil {
-				return err
-			}
-		}
-		if rd.Members != nil {
-			if err := put(keyMembers, rd.Members); err != nil {
-				return err
-			}
-		}
-		if rd.Left != "" {
-			if err := ipam.Put([]byte(keyLeft), []byte(rd.Left)); err != nil {
-				return err
-			}
-		}
-		if rd.Rejoin != nil {
-			var err error
-			if *rd.Rejoin {
-				err = ipam.Put([]byte(keyRejoin), []byte("1"))
-			} else {
-				err = ipam.Delete([]byte(keyRejoin))
-			}
-			if err != nil {
-				return err
-			}
-		}
-		if len(rd.Allocs) == 0 {
-			return nil
-		}
-		allocs, err := tx.CreateBucketIfNotExists([]byte(bucketAllocations))
-		if err != nil {
-			return err
-		}
-		for _, c := range rd.Allocs {
-			if !c.Held {
-				delete(s.meta, c.Key)
-				if err := allocs.Delete(dbKey(c.Key)); err != nil {
-					return err
-				}
-				continue
-			}
-			m := s.meta[c.Key]
-			if m.Created.IsZero() {
-				m.Created = now
-			}
-			s.meta[c.Key] = m
-			data, err := json.Marshal(record{Address: c.Address.String(), Meta: m})
-			if err != nil {
-				return err
-			}
-			if err := allocs.Put(dbKey(c.Key), data); err != nil {
+	start := s.cfg.Now()
+	now := start.UTC()
+	err := s.db.UpdateTx(func(tx *bolt.Tx) error {
+		for i, rd := range rds {
+			if err := s.persistOne(tx, rd, i == lastRing, now); err != nil {
 				return err
 			}
 		}
 		return nil
 	})
+	if err == nil {
+		s.saves.Add(1)
+	}
+	if s.cfg.OnSave != nil {
+		s.cfg.OnSave(s.cfg.Now().Sub(start), err)
+	}
+	return err
+}
+
+// Saves counts the transactions the service committed (one per step that
+// changed anything), for metrics.
+func (s *Service) Saves() uint64 { return s.saves.Load() }
+
+// persistOne writes one Ready in tx (its ring only if withRing).
+func (s *Service) persistOne(tx *bolt.Tx, rd Ready, withRing bool, now time.Time) error {
+	ipam, err := tx.CreateBucketIfNotExists([]byte(bucketIPAM))
+	if err != nil {
+		return err
+	}
+	put := func(key string, v any) error {
+		data, err := json.Marshal(v)
+		if err != nil {
+			return err
+		}
+		return ipam.Put([]byte(key), data)
+	}
+	if rd.Ring != nil && withRing {
+		if err := ipam.Put([]byte(keyRing), encodeSavedRing(rd.Ring)); err != nil {
+			return err
+		}
+	}
+	if rd.Paxos != nil {
+		if err := put(keyPaxos, rd.Paxos); err != nil {
+			return err
+		}
+	}
+	if rd.Removed != nil {
+		if err := put(keyRemoved, rd.Removed); err != nil {
+			return err
+		}
+		if err := put(keyReclaimed, rd.Reclaimed); err != nil {
+			return err
+		}
+		if err := put(keyWithdrawn, rd.Withdrawn); err != nil {
+			return err
+		}
+	}
+	if rd.Members != nil {
+		if err := put(keyMembers, rd.Members); err != nil {
+			return err
+		}
+	}
+	if rd.Left != "" {
+		if err := ipam.Put([]byte(keyLeft), []byte(rd.Left)); err != nil {
+			return err
+		}
+	}
+	if rd.Rejoin != nil {
+		var err error
+		if *rd.Rejoin {
+			err = ipam.Put([]byte(keyRejoin), []byte("1"))
+		} else {
+			err = ipam.Delete([]byte(keyRejoin))
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if len(rd.Allocs) == 0 {
+		return nil
+	}
+	allocs, err := tx.CreateBucketIfNotExists([]byte(bucketAllocations))
+	if err != nil {
+		return err
+	}
+	for _, c := range rd.Allocs {
+		if !c.Held {
+			delete(s.meta, c.Key)
+			if err := allocs.Delete(dbKey(c.Key)); err != nil {
+				return err
+			}
+			continue
+		}
+		m := s.meta[c.Key]
+		if m.Created.IsZero() {
+			m.Created = now
+		}
+		s.meta[c.Key] = m
+		data, err := json.Marshal(record{Address: c.Address.String(), Meta: m})
+		if err != nil {
+			return err
+		}
+		if err := allocs.Put(dbKey(c.Key), data); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // RingChanged is signalled after each saved change of the ring (several
 // changes may come as one signal); read Snapshot for the ring itself. The
 // data plane re-derives its routes from it.
 func (s *Service) RingChanged() <-chan struct{} { return s.ringChanged }
-
-// Run ticks the core and sends its messages until ctx ends. tr may be nil
-// for a peer without a mesh.
-func (s *Service) Run(ctx context.Context, tr Transport) {
-	s.mu.Lock()
-	s.tr = tr
-	s.mu.Unlock()
-	var wg sync.WaitGroup
-	if tr != nil {
-		wg.Add(1)
-		go func() { defer wg.Done(); s.routineSend(ctx, tr) }()
-	}
-	t := time.NewTicker(TickInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			wg.Wait()
-			return
-		case <-t.C:
-			s.mu.Lock()
-			s.p.Tick()
-			if err := s.flushLocked(); err != nil {
-				s.log.Error("ipalloc: tick", "err", err)
-			}
-			s.mu.Unlock()
-		}
-	}
-}
 
 // routineSend delivers queued messages in order, off the service's lock.
 func (s *Service) routineSend(ctx context.Context, tr Transport) {
@@ -557,41 +591,38 @@ func (s *Service) routineSend(ctx context.Context, tr Transport) {
 	}
 }
 
-// Step takes a message from another peer.
+// Step takes a message from another peer and returns once its step is
+// saved, with the core's error (tests, and callers that must know; gossip
+// uses Deliver, which does not wait).
 func (s *Service) Step(from PeerName, data []byte) error {
 	m, err := DecodeMsg(data)
 	if err != nil {
 		return err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	err = s.p.Step(from, m)
-	if ferr := s.flushLocked(); ferr != nil {
+	var serr error
+	ferr := s.update(func() { serr = s.p.Step(from, m) })
+	if ferr != nil {
 		return ferr
 	}
 	var refused *RefusedRing
-	if err != nil && !errors.Is(err, ErrRemovedPeer) && !errors.As(err, &refused) { // the core logs refused rings
-		s.log.Warn("ipalloc: refused a message", "from", from, "err", err)
+	if serr != nil && !errors.Is(serr, ErrRemovedPeer) && !errors.As(serr, &refused) { // the core logs refused rings
+		s.log.Warn("ipalloc: refused a message", "from", from, "err", serr)
 	}
-	return err
+	return serr
 }
 
 // LocalState is this peer's ring as saved, for a full-state exchange: the
 // ring of the last Ready whose save succeeded (or the one loaded), never
-// one whose save failed, also when the state could not be reloaded.
+// one whose save failed, also when the state could not be reloaded. It
+// reads what the loop published and never waits for it.
 func (s *Service) LocalState() []byte {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return EncodeMsg(&RingMsg{Ring: s.saved.Clone()})
+	return EncodeMsg(&RingMsg{Ring: s.saved.Load()})
 }
 
-// AddPeer tells the core about a member of the mesh.
+// AddPeer tells the core about a member of the mesh; it does not wait.
 func (s *Service) AddPeer(name PeerName) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.p.AddPeer(name)
-	if err := s.flushLocked(); err != nil {
-		s.log.Error("ipalloc: adding a peer", "err", err)
+	if err := s.enqueue(inbound{from: name}); err != nil {
+		s.log.Error("ipalloc: adding a peer", "peer", name, "err", err)
 	}
 }
 
@@ -599,45 +630,44 @@ func (s *Service) AddPeer(name PeerName) {
 // not the mesh sees them (Peer.AddMember; in --kube mode, the peers
 // registered in the ConfigMap). It returns once they are on disk.
 func (s *Service) AddMembers(names []PeerName) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	var errs []error
-	for _, q := range names {
-		if q != s.cfg.Self {
-			errs = append(errs, s.p.AddMember(q))
+	ferr := s.update(func() {
+		for _, q := range names {
+			if q != s.cfg.Self {
+				errs = append(errs, s.p.AddMember(q))
+			}
 		}
-	}
-	return errors.Join(append(errs, s.flushLocked())...)
+	})
+	return errors.Join(append(errs, ferr)...)
 }
 
 // Withdraw calls off this peer's reclaim of name while its barrier is open
 // (Peer.Withdraw); it returns once that is on disk.
 func (s *Service) Withdraw(name PeerName) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.p.Withdraw(name); err != nil {
+	var err error
+	ferr := s.update(func() { err = s.p.Withdraw(name) })
+	if err != nil {
 		return err
 	}
-	return s.flushLocked()
+	return ferr
 }
 
 // Reclaiming reports whether this peer reclaims name (its removal is this
 // peer's), and whether that reclaim has taken over already.
 func (s *Service) Reclaiming(name PeerName) (reclaiming, done bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.p.Reclaiming(name)
+	s.read(func() { reclaiming, done = s.p.Reclaiming(name) })
+	return reclaiming, done
 }
 
 // PeerGone starts the reclaim of a peer that is gone for good (weft rmpeer);
 // it returns once the decision is on disk.
 func (s *Service) PeerGone(name PeerName) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.p.PeerGone(name); err != nil {
+	var err error
+	ferr := s.update(func() { err = s.p.PeerGone(name) })
+	if err != nil {
 		return err
 	}
-	return s.flushLocked()
+	return ferr
 }
 
 // Prefix returns addr with the length of the pod network.
@@ -652,25 +682,37 @@ func (s *Service) Universe() netip.Prefix { return s.universe }
 // It waits (bounded by ctx and the core's deadline) while this peer waits
 // for the first claim or for a donation.
 func (s *Service) Allocate(ctx context.Context, k Key, m Meta) (netip.Addr, bool, error) {
-	s.mu.Lock()
-	if err := s.p.removedErr(); err != nil {
-		s.mu.Unlock()
-		return netip.Addr{}, false, fmt.Errorf("allocating for %s: %w", k, err)
+	var (
+		addr    netip.Addr
+		settled bool // answered without waiting
+		err     error
+		ch      chan Answer
+	)
+	cerr := s.call(ctx, func() {
+		if rerr := s.p.removedErr(); rerr != nil {
+			settled, err = true, fmt.Errorf("allocating for %s: %w", k, rerr)
+			return
+		}
+		if a, ok := s.p.Lookup(k); ok {
+			settled, addr = true, a.Addr()
+			return
+		}
+		ch = make(chan Answer, 1)
+		s.waiters[k] = append(s.waiters[k], ch)
+		if _, ok := s.meta[k]; !ok {
+			s.meta[k] = m
+		}
+		s.p.Allocate(k)
+	}, func(ferr error) {
+		if !settled && ferr != nil {
+			settled, err = true, fmt.Errorf("saving allocation of %s: %w", k, ferr)
+		}
+	})
+	if cerr != nil {
+		return netip.Addr{}, false, fmt.Errorf("allocating for %s: the allocator did not take the request in time: %w", k, cerr)
 	}
-	if addr, ok := s.p.Lookup(k); ok {
-		s.mu.Unlock()
-		return addr.Addr(), false, nil
-	}
-	ch := make(chan Answer, 1)
-	s.waiters[k] = append(s.waiters[k], ch)
-	if _, ok := s.meta[k]; !ok {
-		s.meta[k] = m
-	}
-	s.p.Allocate(k)
-	err := s.flushLocked()
-	s.mu.Unlock()
-	if err != nil {
-		return netip.Addr{}, false, fmt.Errorf("saving allocation of %s: %w", k, err)
+	if settled {
+		return addr, false, err
 	}
 	select {
 	case a := <-ch:
@@ -679,13 +721,20 @@ func (s *Service) Allocate(ctx context.Context, k Key, m Meta) (netip.Addr, bool
 		}
 		return a.Address.Addr(), true, nil
 	case <-ctx.Done():
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		s.dropWaiterLocked(k, ch)
-		if addr, ok := s.p.Lookup(k); ok { // answered meanwhile
-			return addr.Addr(), true, nil
+		var held bool
+		var status PeerStatus
+		s.read(func() {
+			s.dropWaiterLocked(k, ch)
+			var a Address
+			if a, held = s.p.Lookup(k); held { // answered meanwhile
+				addr = a.Addr()
+			}
+			status = s.p.Status()
+		})
+		if held {
+			return addr, true, nil
 		}
-		return netip.Addr{}, false, fmt.Errorf("%w: still waiting for space (%s)", ErrNoSpace, s.p.Status())
+		return netip.Addr{}, false, fmt.Errorf("%w: still waiting for space (%s)", ErrNoSpace, status)
 	}
 }
 
@@ -706,23 +755,26 @@ func (s *Service) dropWaiterLocked(k Key, ch chan Answer) {
 }
 
 // Lookup returns k's address.
-func (s *Service) Lookup(k Key) (netip.Addr, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.broken != nil {
-		return netip.Addr{}, false
-	}
-	addr, ok := s.p.Lookup(k)
-	return addr.Addr(), ok
+func (s *Service) Lookup(k Key) (addr netip.Addr, ok bool) {
+	s.read(func() {
+		if s.broken != nil {
+			return
+		}
+		var a Address
+		a, ok = s.p.Lookup(k)
+		addr = a.Addr()
+	})
+	return addr, ok
 }
 
 // Release frees k's address; it reports whether k held one.
 func (s *Service) Release(k Key) (netip.Addr, bool, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	addr, ok := s.p.Lookup(k)
-	s.p.Release(k)
-	if err := s.flushLocked(); err != nil {
+	var addr Address
+	var ok bool
+	if err := s.update(func() {
+		addr, ok = s.p.Lookup(k)
+		s.p.Release(k)
+	}); err != nil {
 		return netip.Addr{}, false, fmt.Errorf("saving release of %s: %w", k, err)
 	}
 	if !ok {
@@ -740,8 +792,14 @@ func (s *Service) Release(k Key) (netip.Addr, bool, error) {
 // An allocation younger than ServiceConfig.GCGrace is kept: its ADD may
 // have raced the runtime's list.
 func (s *Service) GC(valid []Key) ([]Allocation, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	var drop []Allocation
+	if err := s.update(func() { drop = s.gcLocked(valid) }); err != nil {
+		return nil, fmt.Errorf("saving GC: %w", err)
+	}
+	return drop, nil
+}
+
+func (s *Service) gcLocked(valid []Key) []Allocation {
 	young := s.cfg.Now().Add(-s.cfg.GCGrace)
 	keep := make(map[Key]bool, len(valid))
 	unknown := 0
@@ -762,10 +820,7 @@ func (s *Service) GC(valid []Key) ([]Allocation, error) {
 			s.p.Release(al.Key)
 		}
 	}
-	if err := s.flushLocked(); err != nil {
-		return nil, fmt.Errorf("saving GC: %w", err)
-	}
-	return drop, nil
+	return drop
 }
 
 // ReleaseReclaimed frees addr if it is held as re-claimed from the bridge
@@ -775,19 +830,21 @@ func (s *Service) ReleaseReclaimed(addr netip.Addr) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	var k Key
-	for _, al := range s.p.Allocations() {
-		if al.Address == a && al.Key.Reclaimed() {
-			k = al.Key
+	err = s.update(func() {
+		for _, al := range s.p.Allocations() {
+			if al.Address == a && al.Key.Reclaimed() {
+				k = al.Key
+			}
 		}
-	}
+		if k != (Key{}) {
+			s.p.Release(k)
+		}
+	})
 	if k == (Key{}) {
 		return false, nil
 	}
-	s.p.Release(k)
-	if err := s.flushLocked(); err != nil {
+	if err != nil {
 		return false, fmt.Errorf("saving release of %s: %w", k, err)
 	}
 	return true, nil
@@ -805,36 +862,42 @@ func (s *Service) HoldFound(found map[Key]netip.Addr) error {
 		}
 		in[k] = a
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.p.HoldFound(in)
-	return s.flushLocked()
+	return s.update(func() { s.p.HoldFound(in) })
 }
 
 // Leave takes this peer out of the cluster (weft reset; see Peer.Leave):
 // it gives every range to the live peer that owns the least, saves that,
 // and waits until that peer has saved it too, or ctx ends. alive reports
-// which peers the mesh sees up; it is called under the service's lock, so
-// it must not call back into the service (or into anything that does).
+// which peers the mesh sees up; it is called on the service's owner loop,
+// so it must not call back into the service (or into anything that does).
 // Calling it again after a timeout waits again.
 func (s *Service) Leave(ctx context.Context, alive func(PeerName) bool, force bool) (LeaveResult, error) {
-	s.mu.Lock()
-	res, err := s.p.Leave(alive, force)
+	var (
+		res       LeaveResult
+		err, ferr error
+		done      bool
+		ch        = make(chan struct{})
+	)
+	if cerr := s.call(ctx, func() { res, err = s.p.Leave(alive, force) }, func(e error) {
+		ferr = e
+		if err != nil || ferr != nil {
+			return
+		}
+		if _, _, done = s.p.Leaving(); !done {
+			s.leaving = append(s.leaving, ch)
+		}
+	}); cerr != nil {
+		return res, cerr
+	}
 	if err != nil {
-		s.mu.Unlock()
 		return res, err
 	}
-	if err := s.flushLocked(); err != nil {
-		s.mu.Unlock()
-		return res, fmt.Errorf("saving the handover: %w", err)
+	if ferr != nil {
+		return res, fmt.Errorf("saving the handover: %w", ferr)
 	}
-	if _, _, done := s.p.Leaving(); done {
-		s.mu.Unlock()
+	if done {
 		return res, nil
 	}
-	ch := make(chan struct{})
-	s.leaving = append(s.leaving, ch)
-	s.mu.Unlock()
 	select {
 	case <-ch:
 		return res, nil
@@ -863,35 +926,32 @@ type Snapshot struct {
 }
 
 // Snapshot returns the current state.
-func (s *Service) Snapshot() Snapshot {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	snap := Snapshot{Self: s.p.Self(), Universe: s.universe, Ring: s.p.Ring(), Owned: s.p.Owned(), Stats: s.p.Stats(), Status: s.p.Status()}
-	for _, al := range s.p.Allocations() {
-		snap.Allocations = append(snap.Allocations, Held{Allocation: al, Meta: s.meta[al.Key]})
-	}
+func (s *Service) Snapshot() (snap Snapshot) {
+	s.read(func() {
+		snap = Snapshot{Self: s.p.Self(), Universe: s.universe, Ring: s.p.Ring(), Owned: s.p.Owned(), Stats: s.p.Stats(), Status: s.p.Status()}
+		for _, al := range s.p.Allocations() {
+			snap.Allocations = append(snap.Allocations, Held{Allocation: al, Meta: s.meta[al.Key]})
+		}
+	})
 	return snap
 }
 
 // Ring returns a copy of the current ring.
-func (s *Service) Ring() *Ring {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.p.Ring()
+func (s *Service) Ring() (r *Ring) {
+	s.read(func() { r = s.p.Ring() })
+	return r
 }
 
 // Stats returns the allocator's counts.
-func (s *Service) Stats() Stats {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.p.Stats()
+func (s *Service) Stats() (st Stats) {
+	s.read(func() { st = s.p.Stats() })
+	return st
 }
 
 // Status is the core's status, for the Status: line.
-func (s *Service) Status() PeerStatus {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.p.Status()
+func (s *Service) Status() (st PeerStatus) {
+	s.read(func() { st = s.p.Status() })
+	return st
 }
 
 // ErrIsExhausted reports whether err means no address can be had now.

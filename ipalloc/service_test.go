@@ -31,9 +31,10 @@ type svcEnv struct {
 	t        testing.TB
 	dir      string
 	universe string
-	log      bytes.Buffer // everything every service of this env logged
+	log      lockedBuffer // everything every service of this env logged
 	db       *state.DB
 	svc      *Service
+	stopLoop func() // ends the running service's owner loop (withLoop)
 }
 
 func newSvcEnv(t testing.TB, universe string) *svcEnv {
@@ -62,6 +63,9 @@ func (e *svcEnv) start() (*Service, error) {
 		Now:      func() time.Time { return testNow },
 	})
 	e.svc = svc
+	if err == nil && withLoop {
+		e.stopLoop = runLoop(e.t, svc)
+	}
 	return svc, err
 }
 
@@ -78,6 +82,10 @@ func (e *svcEnv) mustStart() *Service {
 // restart closes the state, as a stop of the router does, and starts again.
 func (e *svcEnv) restart() *Service {
 	e.t.Helper()
+	if e.stopLoop != nil {
+		e.stopLoop()
+		e.stopLoop = nil
+	}
 	if err := e.db.Close(); err != nil {
 		e.t.Fatal(err)
 	}

@@ -275,6 +275,20 @@ type guardState struct {
 	lastPeers []netip.Addr
 	peersAt   time.Time
 	warnedAt  time.Time
+
+	// batchMu guards next: the pod sources that ADDs wait to have in the
+	// set (allowPodSource). Whoever takes mu first writes them all in one
+	// kernel batch, for every waiter.
+	batchMu sync.Mutex
+	next    *podBatch
+}
+
+// podBatch is one group of pod sources added to the guard's set at once.
+// flushed and err are written and read under guardState.mu.
+type podBatch struct {
+	pods    []bridge.PodSource
+	flushed bool
+	err     error
 }
 
 // bridgeConfig is the bridge's configuration, its guard with it: the
@@ -367,6 +381,89 @@ func (r *Router) syncPodSources() error {
 	}
 	for _, p := range added {
 		r.log.Debug("guard: pod may send", "veth", p.Veth, "address", p.Addr)
+	}
+	for _, p := range removed {
+		r.log.Debug("guard: pod source withdrawn", "veth", p.Veth, "address", p.Addr)
+	}
+	return nil
+}
+
+// podSource is the guard's entry of one allocation, false for keys that
+// are no pod (the gateway, addresses re-claimed from the bridge).
+func podSource(k ipalloc.Key, addr netip.Addr) (bridge.PodSource, bool) {
+	if k.Reclaimed() || k.Internal() {
+		return bridge.PodSource{}, false
+	}
+	return bridge.PodSource{Veth: cni.HostVethName(k.ContainerID, k.IfName), Addr: addr}, true
+}
+
+// keepAll keeps every entry of the set that is not asked for.
+func keepAll(bridge.PodSource) bool { return true }
+
+// allowPodSource puts one pod's source into the guard's set (and removes
+// nothing): called before the local API answers an ADD. It costs one
+// kernel batch, not a walk of every allocation (the full reconcile,
+// syncPodSources, runs at start, after GC and on every resync).
+// Concurrent ADDs share a batch: the first to take the guard's lock
+// writes every source queued by then, the others find theirs written
+// when they get the lock. It returns only once p is in the set (or with
+// the error of the batch that tried); before the bridge is ensured it
+// does nothing (syncGuard follows Ensure with the full reconcile).
+func (r *Router) allowPodSource(p bridge.PodSource) error {
+	g := &r.guard
+	g.batchMu.Lock()
+	b := g.next
+	if b == nil {
+		b = &podBatch{}
+		g.next = b
+	}
+	b.pods = append(b.pods, p)
+	g.batchMu.Unlock()
+
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if b.flushed {
+		return b.err
+	}
+	g.batchMu.Lock()
+	if g.next == b {
+		g.next = nil // later ADDs start the next batch
+	}
+	pods := b.pods // no one appends to b any more
+	g.batchMu.Unlock()
+	added, _, err := r.kernel.SetPodSources(pods, keepAll)
+	if errors.Is(err, bridge.ErrNoGuard) {
+		err = nil
+	}
+	b.flushed, b.err = true, err
+	for _, p := range added {
+		r.log.Debug("guard: pod may send", "veth", p.Veth, "address", p.Addr)
+	}
+	return err
+}
+
+// allowPodSourceOf is allowPodSource for the allocation of k at addr.
+func (r *Router) allowPodSourceOf(k ipalloc.Key, addr netip.Addr) error {
+	p, ok := podSource(k, addr)
+	if !ok {
+		return nil
+	}
+	return r.allowPodSource(p)
+}
+
+// withdrawPodSource takes one released pod's source out of the guard's
+// set, and nothing else (an ADD's entry of the same address on another
+// veth stays).
+func (r *Router) withdrawPodSource(p bridge.PodSource) error {
+	g := &r.guard
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	_, removed, err := r.kernel.SetPodSources(nil, func(q bridge.PodSource) bool { return q != p })
+	switch {
+	case errors.Is(err, bridge.ErrNoGuard):
+		return nil
+	case err != nil:
+		return err
 	}
 	for _, p := range removed {
 		r.log.Debug("guard: pod source withdrawn", "veth", p.Veth, "address", p.Addr)

@@ -2,7 +2,6 @@ package router
 
 import (
 	"context"
-	"encoding/binary"
 	"io"
 	"log/slog"
 	"testing"
@@ -36,40 +35,6 @@ func fuzzRouter(f *testing.F) *Router {
 		f.Fatalf("a lone router's first allocation: %v", err)
 	}
 	return r
-}
-
-// FuzzIPAMStateFrame feeds arbitrary push-pull states (the sender frame
-// and the allocator's state after it, as a peer or anyone who reaches the
-// gossip port without a password sends them) to MergeRemoteState: it must
-// never panic, and whatever it accepts, every address this router holds
-// stays in a range its own ring gives it.
-func FuzzIPAMStateFrame(f *testing.F) {
-	r := fuzzRouter(f)
-	g := ipamGossiper{r: r}
-	own := g.LocalState()
-	f.Add(own)
-	n, k := binary.Uvarint(own)
-	if k > 0 {
-		other := binary.AppendUvarint(nil, 5)
-		other = append(other, "peer2"...)
-		f.Add(append(other, own[k+int(n):]...))
-	}
-	f.Add([]byte{})
-	f.Add([]byte{0x05, 'p', 'e', 'e', 'r'})
-	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01})
-
-	f.Fuzz(func(t *testing.T, data []byte) {
-		_ = g.MergeRemoteState(data)
-		snap := r.ipam.Snapshot()
-		if len(snap.Allocations) == 0 {
-			t.Fatalf("after %x: the pod's address is gone", data)
-		}
-		for _, a := range snap.Allocations {
-			if owner, ok := snap.Ring.Owner(a.Address); !ok || owner != snap.Self {
-				t.Fatalf("after %x: %v holds %s, which its ring gives to %q", data, a.Key, a.Address, owner)
-			}
-		}
-	})
 }
 
 // FuzzKnownPeers reads an arbitrary value as the remembered peers (a state

@@ -2,8 +2,6 @@ package router
 
 import (
 	"context"
-	"encoding/binary"
-	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -46,11 +44,13 @@ func (r *Router) openIPAM(ctx context.Context) error {
 	}
 	svc, err := ipalloc.NewService(ipalloc.ServiceConfig{
 		Self: ipalloc.PeerName(r.name), Universe: r.cfg.Universe, Init: init, DB: r.db, Log: r.log,
+		OnSave: r.metrics.observeSave,
 	})
 	if err != nil {
 		return err
 	}
 	r.ipam = svc
+	r.gossip = ipalloc.NewGossip(svc, r.log, nil)
 	r.log.Info("ipalloc: first claim", "init", r.cfg.Init.String(), "expected-peers", init.Consensus, "observer", init.Observer)
 	return nil
 }
@@ -74,39 +74,21 @@ func (r *Router) otherTargets() []string {
 	return out
 }
 
-// ipamGossiper carries the allocator's messages over the mesh. Full-state
-// exchanges (push-pull) carry no sender, so the state is framed with this
-// peer's name, which the core needs to refuse removed peers.
+// ipamGossiper plugs the allocator's gossip adapter (ipalloc.Gossip: the
+// versioned push-pull frame, a queue for the owner loop) into the mesh.
 type ipamGossiper struct{ r *Router }
 
 func (g ipamGossiper) OnBroadcast(from mesh.PeerName, data []byte) ([]byte, error) {
-	// The core re-broadcasts what changed through its Ready.
-	return nil, g.r.ipam.Step(ipalloc.PeerName(from), data)
+	return nil, g.r.gossip.OnBroadcast(ipalloc.PeerName(from), data)
 }
 
 func (g ipamGossiper) OnUnicast(from mesh.PeerName, data []byte) error {
-	return g.r.ipam.Step(ipalloc.PeerName(from), data)
+	return g.r.gossip.OnUnicast(ipalloc.PeerName(from), data)
 }
 
-func (g ipamGossiper) LocalState() []byte {
-	name := []byte(g.r.name)
-	b := binary.AppendUvarint(nil, uint64(len(name)))
-	b = append(b, name...)
-	return append(b, g.r.ipam.LocalState()...)
-}
+func (g ipamGossiper) LocalState() []byte { return g.r.gossip.LocalState() }
 
-func (g ipamGossiper) MergeRemoteState(data []byte) error {
-	n, k := binary.Uvarint(data)
-	if k <= 0 || n == 0 || n > ipalloc.MaxPeerNameLen || uint64(len(data)-k) < n {
-		return errors.New("ipam state: bad sender frame")
-	}
-	from := ipalloc.PeerName(data[k : k+int(n)])
-	err := g.r.ipam.Step(from, data[k+int(n):])
-	if errors.Is(err, ipalloc.ErrRemovedPeer) {
-		return nil
-	}
-	return err
-}
+func (g ipamGossiper) MergeRemoteState(data []byte) error { return g.r.gossip.MergeRemoteState(data) }
 
 // meshTransport sends the allocator's messages on its channel.
 type meshTransport struct{ ch *mesh.Channel }

@@ -161,7 +161,7 @@ func (l *localAPI) allocate(w http.ResponseWriter, req *http.Request) {
 	}
 	// The pod may send once it has its answer: its source must be let
 	// through the bridge's guard first (dataplane.go).
-	if err := l.r.syncPodSources(); err != nil {
+	if err := l.r.allowPodSourceOf(k, ip); err != nil {
 		l.r.log.Error("guard: cannot let the pod's address through the bridge", "key", k, "address", ip, "err", err)
 		writeError(w, http.StatusInternalServerError, api.CodeInternal, fmt.Sprintf("letting %s send from %s on the bridge: %v", k, ip, err))
 		return
@@ -210,11 +210,12 @@ func (l *localAPI) release(w http.ResponseWriter, req *http.Request) {
 		prev = p.Addr()
 	}
 	ip, ok, err := l.r.ipam.Release(key(att))
+	reclaimed := false
 	if err == nil && !ok && prev.IsValid() {
 		// Unknown here: its address may be one re-claimed from the
 		// bridge after the state was lost.
 		if ok, err = l.r.ipam.ReleaseReclaimed(prev); ok {
-			ip = prev
+			ip, reclaimed = prev, true
 			l.r.log.Info("released re-claimed address", "address", ip, "container", att.ContainerID, "ifname", att.IfName)
 		}
 	}
@@ -223,8 +224,17 @@ func (l *localAPI) release(w http.ResponseWriter, req *http.Request) {
 		writeError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
 		return
 	}
-	if err := l.r.syncPodSources(); err != nil {
-		l.r.log.Warn("guard: withdrawing a released pod's source address; retried on the next resync", "err", err)
+	var gerr error
+	switch {
+	case reclaimed: // its entry's veth is unknown: the full reconcile drops it
+		gerr = l.r.syncPodSources()
+	case ok:
+		if p, isPod := podSource(key(att), ip); isPod {
+			gerr = l.r.withdrawPodSource(p)
+		}
+	}
+	if gerr != nil {
+		l.r.log.Warn("guard: withdrawing a released pod's source address; retried on the next resync", "err", gerr)
 	}
 	resp := api.ReleaseResponse{Released: ok}
 	if ok {

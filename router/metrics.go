@@ -2,6 +2,7 @@ package router
 
 import (
 	"runtime"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -11,6 +12,20 @@ type metrics struct {
 	reg         *prometheus.Registry
 	apiRequests *prometheus.CounterVec
 	apiDuration *prometheus.HistogramVec
+	ipamSaves   *prometheus.HistogramVec // by result; its _count is the saves
+}
+
+// observeSave records one save of the allocator's loop
+// (ipalloc.ServiceConfig.OnSave).
+func (m *metrics) observeSave(took time.Duration, err error) {
+	if m == nil {
+		return
+	}
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	m.ipamSaves.WithLabelValues(result).Observe(took.Seconds())
 }
 
 func newMetrics(r *Router) *metrics {
@@ -25,6 +40,11 @@ func newMetrics(r *Router) *metrics {
 			Help:    "Time to answer a local API request, by operation.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
 		}, []string{"op"}),
+		ipamSaves: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "weft_ipam_save_duration_seconds",
+			Help:    "Time of each save of the allocator's state (one bbolt transaction and fsync per step of its loop), by result (ok, error); its _count is the number of saves.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+		}, []string{"result"}),
 	}
 	ipam := func(state string, f func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -35,7 +55,25 @@ func newMetrics(r *Router) *metrics {
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.apiRequests, m.apiDuration,
+		m.apiRequests, m.apiDuration, m.ipamSaves,
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "weft_ipam_gossip_dropped_total",
+			Help: "IPAM gossip messages and peer joins dropped because the allocator's inbox was full (gossip and retries recover them).",
+		}, func() float64 {
+			if r.ipam == nil {
+				return 0
+			}
+			return float64(r.ipam.Dropped())
+		}),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "weft_ipam_gossip_refused_total",
+			Help: "IPAM gossip frames and messages refused as of an unknown frame version (a peer running a newer weft).",
+		}, func() float64 {
+			if r.gossip == nil {
+				return 0
+			}
+			return float64(r.gossip.Refused())
+		}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "weft_build_info", Help: "Version of this weft router.",
 			ConstLabels: prometheus.Labels{"version": Version, "goversion": runtime.Version()},

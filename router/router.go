@@ -35,6 +35,7 @@ type Router struct {
 	log     *slog.Logger
 	db      *state.DB
 	ipam    *ipalloc.Service
+	gossip  *ipalloc.Gossip // the allocator's adapter to its mesh channel
 	metrics *metrics
 	name    string
 	srcDir  string // where weft-cni and portmap are installed from

@@ -73,9 +73,12 @@ func (d *DB) Update(bucket string, fn func(*bolt.Bucket) error) error {
 	})
 }
 
-// Batch runs fn in one read-write transaction over any buckets: all of its
-// writes are on disk together when Batch returns nil, or none are.
-func (d *DB) Batch(fn func(tx *bolt.Tx) error) error { return d.bolt.Update(fn) }
+// UpdateTx runs fn in one read-write transaction over any buckets: all of
+// its writes are on disk together (one commit, one fsync) when UpdateTx
+// returns nil, or none are. It does not wait to batch with other callers
+// (bbolt's Batch does): the allocator gathers each step's changes itself
+// and commits them with one call. (It was called Batch.)
+func (d *DB) UpdateTx(fn func(tx *bolt.Tx) error) error { return d.bolt.Update(fn) }
 
 // View runs fn in a read-only transaction on bucket; a missing bucket is
 // passed as nil.

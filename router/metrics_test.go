@@ -1,0 +1,102 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/weft-net/weft/api"
+	"github.com/weft-net/weft/ipalloc"
+)
+
+// metricValue is the value of the series of name whose labels include
+// labels (counter, gauge, or a histogram's sample count), and whether the
+// registry has it.
+func metricValue(t *testing.T, r *Router, name string, labels map[string]string) (float64, bool) {
+	t.Helper()
+	fams, err := r.metrics.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range f.GetMetric() {
+			have := map[string]string{}
+			for _, l := range m.GetLabel() {
+				have[l.GetName()] = l.GetValue()
+			}
+			for k, v := range labels {
+				if have[k] != v {
+					continue series
+				}
+			}
+			return value(m), true
+		}
+	}
+	return 0, false
+}
+
+func value(m *dto.Metric) float64 {
+	switch {
+	case m.Counter != nil:
+		return m.Counter.GetValue()
+	case m.Gauge != nil:
+		return m.Gauge.GetValue()
+	case m.Histogram != nil:
+		return float64(m.Histogram.GetSampleCount())
+	}
+	return 0
+}
+
+// TestIPAMLoopMetrics: the allocator loop's saves (a duration histogram,
+// its count the saves the service committed), its dropped gossip and its
+// refused frames are exported.
+func TestIPAMLoopMetrics(t *testing.T) {
+	r, cl := newTestRouter(t, "10.32.0.0/12")
+	r.setReady(true, "")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); r.ipam.Run(ctx, nil) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	for i := range 3 {
+		att := api.Attachment{ContainerID: fmt.Sprintf("m%d", i), IfName: "eth0"}
+		if _, err := cl.Allocate(ctx, api.AllocateRequest{Attachment: att}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	saves, ok := metricValue(t, r, "weft_ipam_save_duration_seconds", map[string]string{"result": "ok"})
+	if !ok || saves < 3 || saves != float64(r.ipam.Saves()) {
+		t.Errorf("weft_ipam_save_duration_seconds{result=ok} count = %v (present %v), want the service's %d saves (at least 3)", saves, ok, r.ipam.Saves())
+	}
+	if v, ok := metricValue(t, r, "weft_ipam_gossip_dropped_total", nil); !ok || v != float64(r.ipam.Dropped()) {
+		t.Errorf("weft_ipam_gossip_dropped_total = %v (present %v), want %d", v, ok, r.ipam.Dropped())
+	}
+
+	// A push-pull state frame of a version from the future is refused
+	// and counted.
+	err := r.gossip.MergeRemoteState([]byte{0xFF, 9, 1, 'x', 0})
+	var unknown *ipalloc.UnknownFrameError
+	if !errors.As(err, &unknown) {
+		t.Fatalf("MergeRemoteState of a version 9 frame: %v, want an UnknownFrameError", err)
+	}
+	if v, ok := metricValue(t, r, "weft_ipam_gossip_refused_total", nil); !ok || v != 1 {
+		t.Errorf("weft_ipam_gossip_refused_total = %v (present %v), want 1", v, ok)
+	}
+}
+
+// TestObserveSaveResult: a failed save is counted apart from the good ones.
+func TestObserveSaveResult(t *testing.T) {
+	r, _ := newTestRouter(t, "10.32.0.0/12")
+	before, _ := metricValue(t, r, "weft_ipam_save_duration_seconds", map[string]string{"result": "error"})
+	r.metrics.observeSave(0, errors.New("disk full"))
+	if v, ok := metricValue(t, r, "weft_ipam_save_duration_seconds", map[string]string{"result": "error"}); !ok || v != before+1 {
+		t.Errorf("saves with result=error = %v (present %v), want %v", v, ok, before+1)
+	}
+}
