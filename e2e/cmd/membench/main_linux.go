@@ -50,6 +50,8 @@ func run() int {
 	nodes := flag.Int("nodes", 3, "routers in the cluster")
 	idle := flag.Duration("idle", 60*time.Second, "idle gossip before each reading")
 	cycles := flag.Int("cycles", 0, "pod ADD/DEL cycles through the first router's local API between two readings (0: none)")
+	warmCycles := flag.Int("warmup-cycles", 0, "pod ADD/DEL cycles through the first router's local API before the first reading (0: none): "+
+		"the runtime's heap and page cache reach their working size, so that the two readings compare like with like")
 	verbose := flag.Bool("v", false, "log what the harness does on stderr")
 	passwords := flag.String("password", "both", "runs without (no), with (yes) or without and then with (both) a password")
 	sample := flag.Duration("sample", 0, "soak: read every router every this long during each idle period and print the series' figures (0: one reading at the end)")
@@ -80,7 +82,7 @@ func run() int {
 			return 1
 		}
 		defer f.Close()
-		fmt.Fprintln(f, "password,reading,router,seconds,vmrss_bytes,anon_bytes,file_bytes,heap_inuse_bytes,runtime_from_os_bytes,goroutines")
+		fmt.Fprintln(f, "password,reading,router,seconds,vmrss_bytes,anon_bytes,file_bytes,heap_live_bytes,heap_inuse_bytes,runtime_from_os_bytes,goroutines")
 		csv = f
 	}
 	soak := soakOpts{every: *sample, csv: csv, warmup: *warmup}
@@ -92,10 +94,10 @@ func run() int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	fmt.Printf("| password | reading | router | VmRSS MiB | VmHWM MiB | anonymous MiB | file MiB | Go heap in use MiB | Go runtime from OS MiB | goroutines |\n")
-	fmt.Printf("|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Printf("| password | reading | router | VmRSS MiB | VmHWM MiB | anonymous MiB | file MiB | Go heap live MiB | Go heap in use MiB | Go runtime from OS MiB | goroutines |\n")
+	fmt.Printf("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, pw := range pws {
-		if err := measure(ctx, log, *nodes, pw, *idle, *cycles, soak); err != nil {
+		if err := measure(ctx, log, *nodes, pw, *idle, *warmCycles, *cycles, soak); err != nil {
 			fmt.Fprintln(os.Stderr, "membench:", err)
 			return 1
 		}
@@ -110,7 +112,7 @@ type soakOpts struct {
 	warmup int           // samples left out of the figures
 }
 
-func measure(ctx context.Context, log *slog.Logger, nodes int, password bool, idle time.Duration, cycles int, soak soakOpts) error {
+func measure(ctx context.Context, log *slog.Logger, nodes int, password bool, idle time.Duration, warmCycles, cycles int, soak soakOpts) error {
 	r, err := nscluster.NewRun(nscluster.Options{Log: log})
 	if err != nil {
 		return err
@@ -164,36 +166,51 @@ func measure(ctx context.Context, log *slog.Logger, nodes int, password bool, id
 			if err != nil {
 				return fmt.Errorf("%s: %w", n.Name, err)
 			}
-			fmt.Printf("| %s | %s | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %d |\n", pw, what, n.Name,
-				mib(m.rss), mib(m.hwm), mib(m.anon), mib(m.file), mib(m.heapInuse), mib(m.sys-m.released), m.goroutines)
+			fmt.Printf("| %s | %s | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %d |\n", pw, what, n.Name,
+				mib(m.rss), mib(m.hwm), mib(m.anon), mib(m.file), mib(m.heapLive), mib(m.heapInuse), mib(m.sys-m.released), m.goroutines)
 		}
 		return nil
 	}
-	if err := read("idle"); err != nil {
+	cl := api.NewClient(c.Nodes[0].Socket)
+	next := 0
+	run := func(cycles int) error {
+		start := time.Now()
+		for range cycles {
+			att := api.Attachment{ContainerID: fmt.Sprintf("membench-%d", next), IfName: "eth0"}
+			next++
+			if _, err := cl.Allocate(ctx, api.AllocateRequest{Attachment: att, PodNamespace: "default", PodName: att.ContainerID}); err != nil {
+				return fmt.Errorf("cycle %d: allocate: %w", next, err)
+			}
+			if _, err := cl.Release(ctx, att); err != nil {
+				return fmt.Errorf("cycle %d: release: %w", next, err)
+			}
+		}
+		fmt.Fprintf(os.Stderr, "membench: %d ADD/DEL cycles in %s\n", cycles, time.Since(start).Round(time.Millisecond))
+		return nil
+	}
+	first := "idle"
+	if warmCycles > 0 {
+		if err := run(warmCycles); err != nil {
+			return err
+		}
+		first = fmt.Sprintf("after %d warm-up ADD/DEL", warmCycles)
+	}
+	if err := read(first); err != nil {
 		return err
 	}
 	if cycles == 0 {
 		return nil
 	}
-	cl := api.NewClient(c.Nodes[0].Socket)
-	start := time.Now()
-	for i := range cycles {
-		att := api.Attachment{ContainerID: fmt.Sprintf("membench-%d", i), IfName: "eth0"}
-		if _, err := cl.Allocate(ctx, api.AllocateRequest{Attachment: att, PodNamespace: "default", PodName: att.ContainerID}); err != nil {
-			return fmt.Errorf("cycle %d: allocate: %w", i, err)
-		}
-		if _, err := cl.Release(ctx, att); err != nil {
-			return fmt.Errorf("cycle %d: release: %w", i, err)
-		}
+	if err := run(cycles); err != nil {
+		return err
 	}
-	fmt.Fprintf(os.Stderr, "membench: %d ADD/DEL cycles in %s\n", cycles, time.Since(start).Round(time.Millisecond))
-	return read(fmt.Sprintf("after %d ADD/DEL", cycles))
+	return read(fmt.Sprintf("after %d more ADD/DEL", cycles))
 }
 
 type mem struct {
-	rss, hwm, anon, file     float64 // bytes
-	heapInuse, sys, released float64 // bytes, from /metrics
-	goroutines               int
+	rss, hwm, anon, file               float64 // bytes
+	heapLive, heapInuse, sys, released float64 // bytes, from /metrics
+	goroutines                         int
 }
 
 func mib(b float64) float64 { return b / (1 << 20) }
@@ -236,12 +253,13 @@ func readMem(ctx context.Context, n *nscluster.Node) (mem, error) {
 			}
 		}
 	}
-	for _, k := range []string{"go_memstats_heap_inuse_bytes", "go_memstats_sys_bytes", "go_memstats_heap_released_bytes", "go_goroutines"} {
+	for _, k := range []string{"go_gc_heap_live_bytes", "go_memstats_heap_inuse_bytes", "go_memstats_sys_bytes", "go_memstats_heap_released_bytes", "go_goroutines"} {
 		if _, ok := got[k]; !ok {
 			return m, errors.New("/metrics has no " + k)
 		}
 	}
 	m.heapInuse, m.sys, m.released = got["go_memstats_heap_inuse_bytes"], got["go_memstats_sys_bytes"], got["go_memstats_heap_released_bytes"]
+	m.heapLive = got["go_gc_heap_live_bytes"]
 	m.goroutines = int(got["go_goroutines"])
 	return m, nil
 }
@@ -266,8 +284,8 @@ func soakSeries(ctx context.Context, nodes []*nscluster.Node, pw, what string, i
 			}
 			series[i] = append(series[i], point{el.Seconds(), m})
 			if soak.csv != nil {
-				fmt.Fprintf(soak.csv, "%s,%s,%s,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f,%d\n", pw, what, n.Name, el.Seconds(),
-					m.rss, m.anon, m.file, m.heapInuse, m.sys-m.released, m.goroutines)
+				fmt.Fprintf(soak.csv, "%s,%s,%s,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f,%d\n", pw, what, n.Name, el.Seconds(),
+					m.rss, m.anon, m.file, m.heapLive, m.heapInuse, m.sys-m.released, m.goroutines)
 			}
 		}
 		fmt.Fprintf(os.Stderr, "membench: password %s: %s: sample at %s: %s VmRSS %.1f MiB, heap %.1f MiB, %d goroutines\n",
@@ -296,6 +314,7 @@ func soakSeries(ctx context.Context, nodes []*nscluster.Node, pw, what string, i
 			get  func(mem) float64
 		}{
 			{"VmRSS MiB", 1 << 20, func(m mem) float64 { return m.rss }},
+			{"Go heap live MiB", 1 << 20, func(m mem) float64 { return m.heapLive }},
 			{"Go heap in use MiB", 1 << 20, func(m mem) float64 { return m.heapInuse }},
 			{"Go runtime from OS MiB", 1 << 20, func(m mem) float64 { return m.sys - m.released }},
 			{"goroutines", 1, func(m mem) float64 { return float64(m.goroutines) }},
