@@ -181,7 +181,7 @@ func TestInProcessKube(t *testing.T) {
 	}
 	// r3's pod's address is in a range r1 or r2 owns now, and both still
 	// allocate.
-	addr3 := netip.MustParsePrefix(a3.Address).Addr()
+	addr3 := a3.Address.Addr()
 	owned := false
 	for _, n := range nodes[:2] {
 		for _, c := range n.report(t, hc).IPAM.Owned {
