@@ -362,3 +362,40 @@ func FuzzDecodeMeta(f *testing.F) {
 		}
 	})
 }
+
+// Two live meshes: node2 publishes an ipam blob that node1's ipam
+// component refuses, and a component node1 does not know. node1 keeps
+// node2 (alive, its tunnel blob used, the unknown one kept), refuses the
+// ipam blob alone, logs it once with the component's name, and counts it.
+func TestMeshRefusesOneComponent(t *testing.T) {
+	c := newCluster(t)
+	p1 := c.start(1, Config{Components: []Component{testTunnel(6784, "udp"), ipamTest("i1")}})
+	p2 := c.start(2, Config{Peers: []string{addrOf(1)}, Components: []Component{
+		testTunnel(7000, "udp"),
+		{Name: "ipam", Version: 3, Data: []byte("not ipam"), Max: 32},
+		{Name: "future", Version: 1, Data: []byte{1}, Max: 1},
+	}})
+	defer closeAll(t, p1, p2)
+	waitStates(t, converge, []*peer{p1, p2}, aliveAll([]*peer{p1, p2}))
+	q, _ := p1.m.Peer("node2")
+	if q.MetaError != "" || !strings.Contains(q.Meta.Refused["ipam"], "not an ipam blob") {
+		t.Fatalf("node2 as node1 sees it: %+v", q)
+	}
+	if b, ok := q.Meta.Component("tunnel"); !ok || !bytes.Equal(b.Data, testTunnel(7000, "udp").Data) {
+		t.Errorf("node2's tunnel blob: %+v", q.Meta)
+	}
+	if _, ok := q.Meta.Component("future"); !ok {
+		t.Errorf("node2's unknown component not kept: %+v", q.Meta)
+	}
+	waitFor(t, converge, "the refusal in node1's log", func() bool {
+		return p1.log.contains(`its \"ipam\" metadata is refused (not an ipam blob)`)
+	})
+	if n := strings.Count(p1.log.String(), `its \"ipam\" metadata is refused`); n != 1 {
+		t.Errorf("the refusal logged %d times, want once", n)
+	}
+	// node2 reads node1's ipam blob: it registers no ipam component, so
+	// the blob is kept and not checked.
+	if q, _ := p2.m.Peer("node1"); q.Meta.Refused != nil || string(q.Meta.Components["ipam"].Data) != "i1" {
+		t.Errorf("node1 as node2 sees it: %+v", q.Meta)
+	}
+}
