@@ -302,10 +302,9 @@ func decodeMeta(b []byte, cs []Component) (Meta, error) {
 			return Meta{}, fmt.Errorf("metadata has %d unexpected bytes after its components", len(r.b))
 		}
 	}
-	if legacyLen > 0 || v == metaVersion1 {
-		if legacy == nil {
-			return Meta{}, fmt.Errorf("metadata carries a legacy record of %d bytes and this peer registers no legacy component", legacyLen)
-		}
+	if legacy != nil && (legacyLen > 0 || v == metaVersion1) {
+		// Without a legacy component (a mesh without a tunnel) the
+		// record in the legacy place is skipped: its length is known.
 		// Last: an entry of the same name in the list (a newer version
 		// of the component) takes its place.
 		entries = append(entries, entry{name: legacy.Name, version: LegacyVersion, data: legacyData, legacy: true})
