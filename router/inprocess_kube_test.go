@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -9,19 +10,67 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/weft-net/weft/api"
 	"github.com/weft-net/weft/kube"
 	"github.com/weft-net/weft/mesh/meshtest"
 	"github.com/weft-net/weft/tunnel/conn/bindtest"
 )
+
+// casClientset is client-go's fake clientset whose ConfigMaps take writes
+// as the API server does: each write gets a new resourceVersion, and an
+// update with another resourceVersion than the stored one is a Conflict.
+// (The fake's tracker alone takes any update, and three routers that
+// register at once overwrite each other.)
+func casClientset() *fake.Clientset {
+	f := fake.NewClientset()
+	tr := f.Tracker()
+	gvr := corev1.SchemeGroupVersion.WithResource("configmaps")
+	var mu sync.Mutex
+	var rv int64
+	f.PrependReactor("create", "configmaps", func(a k8stesting.Action) (bool, k8sruntime.Object, error) {
+		cm := a.(k8stesting.CreateAction).GetObject().(*corev1.ConfigMap).DeepCopy()
+		mu.Lock()
+		defer mu.Unlock()
+		rv++
+		cm.ResourceVersion = strconv.FormatInt(rv, 10)
+		if err := tr.Create(gvr, cm, a.GetNamespace()); err != nil {
+			return true, nil, err
+		}
+		return true, cm, nil
+	})
+	f.PrependReactor("update", "configmaps", func(a k8stesting.Action) (bool, k8sruntime.Object, error) {
+		cm := a.(k8stesting.UpdateAction).GetObject().(*corev1.ConfigMap).DeepCopy()
+		mu.Lock()
+		defer mu.Unlock()
+		cur, err := tr.Get(gvr, a.GetNamespace(), cm.Name)
+		if err != nil {
+			return true, nil, err
+		}
+		if cur.(*corev1.ConfigMap).ResourceVersion != cm.ResourceVersion {
+			return true, nil, apierrors.NewConflict(gvr.GroupResource(), cm.Name, errors.New("the object has been modified"))
+		}
+		rv++
+		cm.ResourceVersion = strconv.FormatInt(rv, 10)
+		if err := tr.Update(gvr, cm, a.GetNamespace()); err != nil {
+			return true, nil, err
+		}
+		return true, cm, nil
+	})
+	return f
+}
 
 // Three whole routers in --kube mode in this process, without root, on
 // client-go's fake clientset (the Nodes and weft's ConfigMap), the fake
@@ -34,7 +83,7 @@ import (
 func TestInProcessKube(t *testing.T) {
 	const universe = "10.41.0.0/20"
 	hosts := []string{"10.98.0.1", "10.98.0.2", "10.98.0.3"}
-	client := fake.NewClientset()
+	client := casClientset()
 	ctx := context.Background()
 	for i, h := range hosts {
 		node := &corev1.Node{
