@@ -13,7 +13,7 @@ export WEFT_BIN_DIR := $(BIN)
 APT_PKGS := iproute2 nftables iputils-ping iperf3 tcpdump containernetworking-plugins
 
 .PHONY: e2e-kube deps-kube
-.PHONY: all deps build build-race test test-race-e2e test-long test-unit fuzz demo bench chaos clean kube-tools image
+.PHONY: all deps build build-race test test-race-e2e test-long test-unit fuzz demo bench soak chaos clean kube-tools image
 
 all: build
 
@@ -91,9 +91,20 @@ bench: deps build
 	$(GO) run ./mesh/cmd/meshbench -n 10,50,100 -loss 0,0.1 -runs 5 -idle 30s
 	$(GO) run ./tunnel/cmd/tunnelbench
 	$(GO) run ./e2e/cmd/podbench
-	$(GO) run ./e2e/cmd/membench -nodes 3 -idle 30s -cycles 10000
+	$(GO) run ./e2e/cmd/membench -nodes 3 -idle 60s -sample 15s -warmup-cycles 2000 -cycles 10000
 	$(GO) test -run '^$$' -bench . -benchmem ./ipalloc/
 	$(GO) test -run '^$$' -bench LocalAPIAllocate -benchtime 2000x ./router/
+	$(GO) test -run '^$$' -bench LocalAPIAddDel -benchtime 10000x -count 3 ./router/
+	$(MAKE) --no-print-directory soak
+
+# soak: the idle soak of docs/benchmarks.md: three routers gossiping idle for
+# SOAK_IDLE, without and then with a password (both at once would halve the
+# wall time), each router's RSS, heap and goroutines read every SOAK_EVERY;
+# the samples go to bin/soak.csv.
+SOAK_IDLE  ?= 60m
+SOAK_EVERY ?= 1m
+soak: deps build
+	$(GO) run ./e2e/cmd/membench -nodes 3 -idle $(SOAK_IDLE) -sample $(SOAK_EVERY) -series $(BIN)/soak.csv
 
 # chaos: the long chaos runs of docs/reliability.md, TestChaos (--peers,
 # rmpeer) and TestChaosKube (--kube, Node deletion): CHAOS_RUNS runs of each,

@@ -9,6 +9,7 @@ package api
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"strings"
 )
 
@@ -130,10 +131,12 @@ type AllocateRequest struct {
 type Allocation struct {
 	Attachment
 	// Address is the pod's address with the prefix length of the pod network,
-	// e.g. "10.32.0.5/12".
-	Address string `json:"address"`
+	// e.g. "10.32.0.5/12" in JSON. The one address type of the ADD path,
+	// from the allocator to the plugin's CNI result (netip: text in JSON,
+	// net.IPNet only in the CNI result and netlink).
+	Address netip.Prefix `json:"address"`
 	// Gateway is the bridge's address, the pod's default gateway.
-	Gateway string `json:"gateway"`
+	Gateway netip.Addr `json:"gateway"`
 	// Bridge is the name of the bridge the host end of the veth joins.
 	Bridge string `json:"bridge"`
 	// MTU is the pod interface MTU.
@@ -145,8 +148,8 @@ type Allocation struct {
 // ReleaseResponse says whether a release freed an address; releasing an
 // attachment that holds none succeeds with Released false.
 type ReleaseResponse struct {
-	Released bool   `json:"released"`
-	Address  string `json:"address,omitempty"`
+	Released bool       `json:"released"`
+	Address  netip.Addr `json:"address,omitzero"`
 }
 
 // GCRequest lists the attachments that are still valid; every other

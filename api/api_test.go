@@ -1,6 +1,8 @@
 package api
 
 import (
+	"encoding/json"
+	"net/netip"
 	"strings"
 	"testing"
 )
@@ -37,5 +39,34 @@ func TestValidateIfName(t *testing.T) {
 		if err := ValidateIfName(bad); err == nil {
 			t.Errorf("ValidateIfName(%q) accepted", bad)
 		}
+	}
+}
+
+// The typed addresses keep the wire format: text in JSON, as before.
+func TestAllocationJSON(t *testing.T) {
+	a := Allocation{Attachment: Attachment{ContainerID: "c", IfName: "eth0"},
+		Address: netip.MustParsePrefix("10.32.0.5/12"), Gateway: netip.MustParseAddr("10.32.0.1"), Bridge: "weft", MTU: 1376, New: true}
+	b, err := json.Marshal(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"containerID":"c","ifName":"eth0","address":"10.32.0.5/12","gateway":"10.32.0.1","bridge":"weft","mtu":1376,"new":true}`
+	if string(b) != want {
+		t.Errorf("JSON %s, want %s", b, want)
+	}
+	var back Allocation
+	if err := json.Unmarshal(b, &back); err != nil || back != a {
+		t.Errorf("back: %+v, %v", back, err)
+	}
+	for _, bad := range []string{`{"address":"10.32.0.5"}`, `{"address":"x/12"}`, `{"gateway":"10.32.0.1/12"}`} {
+		if err := json.Unmarshal([]byte(bad), &back); err == nil {
+			t.Errorf("%s decoded", bad)
+		}
+	}
+	if b, _ := json.Marshal(ReleaseResponse{}); string(b) != `{"released":false}` {
+		t.Errorf("release without an address: %s", b)
+	}
+	if b, _ := json.Marshal(ReleaseResponse{Released: true, Address: netip.MustParseAddr("10.32.0.5")}); string(b) != `{"released":true,"address":"10.32.0.5"}` {
+		t.Errorf("release: %s", b)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"time"
 )
@@ -147,11 +148,11 @@ func (c *Client) Rmpeer(ctx context.Context, peer string) (*RmpeerResponse, erro
 // attachment had (the plugin's prevResult): if the router holds nothing for
 // the attachment but holds prev as re-claimed from its bridge (after its
 // state was lost), it frees prev.
-func (c *Client) ReleaseWithPrev(ctx context.Context, att Attachment, prev string) (*ReleaseResponse, error) {
+func (c *Client) ReleaseWithPrev(ctx context.Context, att Attachment, prev netip.Addr) (*ReleaseResponse, error) {
 	var r ReleaseResponse
 	q := attQuery(att)
-	if prev != "" {
-		q.Set(QueryAddress, prev)
+	if prev.IsValid() {
+		q.Set(QueryAddress, prev.String())
 	}
 	if err := c.do(ctx, http.MethodDelete, PathIP, q, nil, &r); err != nil {
 		return nil, err

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"slices"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -171,22 +172,22 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	return nil
 }
 
-// prevAddress is the first IPv4 address of the prevResult, or "" when
-// there is none or it cannot be read (DEL must not fail on it).
-func prevAddress(conf *NetConf) string {
+// prevAddress is the first IPv4 address of the prevResult, or the zero
+// Addr when there is none or it cannot be read (DEL must not fail on it).
+func prevAddress(conf *NetConf) netip.Addr {
 	if conf.PrevResult == nil {
-		return ""
+		return netip.Addr{}
 	}
 	prev, err := current.NewResultFromResult(conf.PrevResult)
 	if err != nil {
-		return ""
+		return netip.Addr{}
 	}
 	for _, c := range prev.IPs {
-		if v4 := c.Address.IP.To4(); v4 != nil {
-			return v4.String()
+		if p, ok := prefixOf(c.Address); ok && p.Addr().Is4() {
+			return p.Addr()
 		}
 	}
-	return ""
+	return netip.Addr{}
 }
 
 // Check answers CHECK: the router still holds the attachment's address, the
@@ -231,7 +232,7 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 	if len(ips) == 0 {
 		return internalError("prevResult lists no address for %s in %s", att.IfName, args.Netns)
 	}
-	if !slices.ContainsFunc(ips, func(c *current.IPConfig) bool { return sameIPNet(c.Address, pn.Address) }) {
+	if !slices.ContainsFunc(ips, func(c *current.IPConfig) bool { p, ok := prefixOf(c.Address); return ok && p == pn.Address }) {
 		return internalError("prevResult gives %s addresses %v, but the weft router allocated %s", att.IfName, ips, pn.Address.String())
 	}
 
@@ -412,12 +413,12 @@ func configurePodIface(link netlink.Link, pn podNet) error {
 			return fmt.Errorf("setting the MTU of %s to %d: %w", name, pn.MTU, err)
 		}
 	}
-	addr := pn.Address
+	addr := ipNet(pn.Address)
 	if err := netlink.AddrReplace(link, &netlink.Addr{IPNet: &addr}); err != nil {
-		return fmt.Errorf("adding %s to %s: %w", addr.String(), name, err)
+		return fmt.Errorf("adding %s to %s: %w", pn.Address, name, err)
 	}
 	family := netlink.FAMILY_V4
-	if pn.Address.IP.To4() == nil {
+	if !pn.Address.Addr().Is4() {
 		family = netlink.FAMILY_V6
 	}
 	addrs, err := netlinksafe.AddrList(link, family)
@@ -425,7 +426,7 @@ func configurePodIface(link netlink.Link, pn podNet) error {
 		return fmt.Errorf("listing the addresses of %s: %w", name, err)
 	}
 	for _, a := range addrs {
-		if a.IP.IsGlobalUnicast() && !sameIPNet(*a.IPNet, pn.Address) {
+		if p, ok := prefixOf(*a.IPNet); a.IP.IsGlobalUnicast() && (!ok || p != pn.Address) {
 			if err := netlink.AddrDel(link, &a); err != nil {
 				return fmt.Errorf("removing the stale address %s from %s: %w", a.IPNet, name, err)
 			}
@@ -435,7 +436,7 @@ func configurePodIface(link netlink.Link, pn podNet) error {
 		return fmt.Errorf("setting %s up: %w", name, err)
 	}
 	dst := defaultRoute(pn.Gateway)
-	route := &netlink.Route{LinkIndex: link.Attrs().Index, Dst: &dst, Gw: pn.Gateway}
+	route := &netlink.Route{LinkIndex: link.Attrs().Index, Dst: &dst, Gw: netIP(pn.Gateway)}
 	if err := netlink.RouteReplace(route); err != nil {
 		return fmt.Errorf("adding the default route via %s dev %s: %w", pn.Gateway, name, err)
 	}

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"strings"
 	"testing"
@@ -308,10 +309,10 @@ func TestAddCheckDel(t *testing.T) {
 
 	res, out := e.add(args)
 	alloc, ok := e.router.Allocation(att)
-	if !ok || alloc.Address != "10.32.0.2/12" {
+	if !ok || alloc.Address != netip.MustParsePrefix("10.32.0.2/12") {
 		t.Fatalf("router holds %v %v", alloc, ok)
 	}
-	e.checkWired(id, res, alloc.Address)
+	e.checkWired(id, res, alloc.Address.String())
 	if err := e.udpReaches(); err != nil {
 		t.Fatal(err)
 	}
@@ -324,7 +325,7 @@ func TestAddCheckDel(t *testing.T) {
 	if !bytes.Equal(out2, out) {
 		t.Errorf("second ADD printed\n%s\nfirst printed\n%s", out2, out)
 	}
-	e.checkWired(id, res, alloc.Address)
+	e.checkWired(id, res, alloc.Address.String())
 
 	// CHECK passes; then fails once the default route is gone; a repeated ADD repairs it.
 	check := withPrevResult(t, args, out)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
@@ -17,34 +18,36 @@ const (
 	maxMTU = 65535
 )
 
-// podNet is a router's allocation, parsed and checked: how to wire one pod.
+// podNet is a router's allocation, checked: how to wire one pod. It keeps
+// the ADD path's one address type (netip); ipNet and netIP make the
+// net.IPNet and net.IP of the CNI result and of netlink, at that edge.
 type podNet struct {
-	Address net.IPNet // the pod's address with the pod network's prefix length
-	Gateway net.IP    // the bridge's address, the pod's default gateway
-	Bridge  string    // the bridge the host end joins
-	MTU     int       // the MTU of both veth ends
+	Address netip.Prefix // the pod's address with the pod network's prefix length
+	Gateway netip.Addr   // the bridge's address, the pod's default gateway
+	Bridge  string       // the bridge the host end joins
+	MTU     int          // the MTU of both veth ends
 }
 
 // parseAllocation checks the router's answer before anything is built from it.
 func parseAllocation(a *api.Allocation) (podNet, error) {
-	ip, ipNet, err := net.ParseCIDR(a.Address)
-	if err != nil {
-		return podNet{}, fmt.Errorf("weft router gave address %q, not an address with a prefix length: %w", a.Address, err)
+	addr, gw := a.Address, a.Gateway
+	if !addr.IsValid() {
+		return podNet{}, fmt.Errorf("weft router gave address %q, not an address with a prefix length", addr)
 	}
-	gw := net.ParseIP(a.Gateway)
-	if gw == nil {
-		return podNet{}, fmt.Errorf("weft router gave gateway %q, not an IP address", a.Gateway)
+	if !gw.IsValid() {
+		return podNet{}, fmt.Errorf("weft router gave no gateway for address %s", addr)
 	}
-	if v4 := ip.To4(); v4 != nil {
-		ip = v4
-		if gw = gw.To4(); gw == nil {
-			return podNet{}, fmt.Errorf("weft router gave IPv6 gateway %q for IPv4 address %q", a.Gateway, a.Address)
-		}
-	} else if gw.To4() != nil {
-		return podNet{}, fmt.Errorf("weft router gave IPv4 gateway %q for IPv6 address %q", a.Gateway, a.Address)
+	if addr.Addr().Is4In6() || gw.Is4In6() || gw.Zone() != "" || addr.Addr().Zone() != "" {
+		return podNet{}, fmt.Errorf("weft router gave address %s and gateway %s: want plain IPv4 or IPv6 addresses", addr, gw)
 	}
-	if !ipNet.Contains(gw) || gw.Equal(ip) {
-		return podNet{}, fmt.Errorf("weft router gave gateway %q, which is not another address in the pod network %s", a.Gateway, a.Address)
+	switch {
+	case addr.Addr().Is4() && !gw.Is4():
+		return podNet{}, fmt.Errorf("weft router gave IPv6 gateway %q for IPv4 address %q", gw, addr)
+	case addr.Addr().Is6() && !gw.Is6():
+		return podNet{}, fmt.Errorf("weft router gave IPv4 gateway %q for IPv6 address %q", gw, addr)
+	}
+	if !addr.Contains(gw) || gw == addr.Addr() {
+		return podNet{}, fmt.Errorf("weft router gave gateway %q, which is not another address in the pod network %s", gw, addr)
 	}
 	if err := api.ValidateIfName(a.Bridge); err != nil {
 		return podNet{}, fmt.Errorf("weft router gave a bad bridge name: %w", err)
@@ -52,12 +55,33 @@ func parseAllocation(a *api.Allocation) (podNet, error) {
 	if a.MTU < minMTU || a.MTU > maxMTU {
 		return podNet{}, fmt.Errorf("weft router gave MTU %d, outside %d..%d", a.MTU, minMTU, maxMTU)
 	}
-	return podNet{Address: net.IPNet{IP: ip, Mask: ipNet.Mask}, Gateway: gw, Bridge: a.Bridge, MTU: a.MTU}, nil
+	return podNet{Address: addr, Gateway: gw, Bridge: a.Bridge, MTU: a.MTU}, nil
+}
+
+// ipNet is p as the CNI types and netlink take it (4 bytes for IPv4).
+func ipNet(p netip.Prefix) net.IPNet {
+	return net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// netIP is a as the CNI types and netlink take it (4 bytes for IPv4).
+func netIP(a netip.Addr) net.IP { return a.AsSlice() }
+
+// prefixOf is a net.IPNet of a CNI result or of netlink in the ADD path's
+// type; false if it is not an address with a prefix length.
+func prefixOf(n net.IPNet) (netip.Prefix, bool) {
+	a, ok := netip.AddrFromSlice(n.IP)
+	bits := prefixLen(n)
+	if !ok || bits < 0 {
+		return netip.Prefix{}, false
+	}
+	a = a.Unmap()
+	p := netip.PrefixFrom(a, bits)
+	return p, p.IsValid()
 }
 
 // defaultRoute is 0.0.0.0/0 or ::/0, of the family of ip.
-func defaultRoute(ip net.IP) net.IPNet {
-	if ip.To4() != nil {
+func defaultRoute(ip netip.Addr) net.IPNet {
+	if ip.Is4() {
 		return net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}
 	}
 	return net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}
@@ -79,11 +103,11 @@ func buildResult(pn podNet, netns string, host, pod linkInfo) *current.Result {
 			{Name: pod.Name, Mac: pod.Mac, Sandbox: netns},
 		},
 		IPs: []*current.IPConfig{{
-			Address:   pn.Address,
-			Gateway:   pn.Gateway,
+			Address:   ipNet(pn.Address),
+			Gateway:   netIP(pn.Gateway),
 			Interface: current.Int(1),
 		}},
-		Routes: []*types.Route{{Dst: defaultRoute(pn.Gateway), GW: pn.Gateway}},
+		Routes: []*types.Route{{Dst: defaultRoute(pn.Gateway), GW: netIP(pn.Gateway)}},
 	}
 }
 
@@ -114,12 +138,6 @@ func podIPs(prev *current.Result, ifName, netns string) []*current.IPConfig {
 		}
 	}
 	return out
-}
-
-// sameIPNet reports whether a and b are the same address with the same
-// prefix length, however their IP and mask are stored (4 or 16 bytes).
-func sameIPNet(a, b net.IPNet) bool {
-	return a.IP.Equal(b.IP) && prefixLen(a) == prefixLen(b)
 }
 
 // prefixLen is n's prefix length in the family of its IP; -1 for a mask

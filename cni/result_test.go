@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"net"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -16,7 +17,7 @@ import (
 func goodAllocation() *api.Allocation {
 	return &api.Allocation{
 		Attachment: api.Attachment{ContainerID: "abc", IfName: "eth0"},
-		Address:    "10.32.0.5/12", Gateway: "10.32.0.1", Bridge: "weft", MTU: 1376, New: true,
+		Address:    netip.MustParsePrefix("10.32.0.5/12"), Gateway: netip.MustParseAddr("10.32.0.1"), Bridge: "weft", MTU: 1376, New: true,
 	}
 }
 
@@ -25,11 +26,10 @@ func TestParseAllocation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if pn.Address.String() != "10.32.0.5/12" || len(pn.Address.IP) != net.IPv4len || !pn.Gateway.Equal(net.IPv4(10, 32, 0, 1)) ||
-		len(pn.Gateway) != net.IPv4len || pn.Bridge != "weft" || pn.MTU != 1376 {
+	if pn.Address.String() != "10.32.0.5/12" || pn.Gateway != netip.MustParseAddr("10.32.0.1") || pn.Bridge != "weft" || pn.MTU != 1376 {
 		t.Fatalf("got %+v", pn)
 	}
-	if _, err := parseAllocation(&api.Allocation{Address: "fd00::5/64", Gateway: "fd00::1", Bridge: "weft", MTU: 1400}); err != nil {
+	if _, err := parseAllocation(&api.Allocation{Address: netip.MustParsePrefix("fd00::5/64"), Gateway: netip.MustParseAddr("fd00::1"), Bridge: "weft", MTU: 1400}); err != nil {
 		t.Fatalf("IPv6: %v", err)
 	}
 	for _, tt := range []struct {
@@ -37,12 +37,15 @@ func TestParseAllocation(t *testing.T) {
 		mod  func(a *api.Allocation)
 		want string
 	}{
-		{"no prefix", func(a *api.Allocation) { a.Address = "10.32.0.5" }, "prefix length"},
-		{"bad gateway", func(a *api.Allocation) { a.Gateway = "gw" }, "not an IP address"},
-		{"gateway outside", func(a *api.Allocation) { a.Gateway = "192.168.0.1" }, "not another address"},
-		{"gateway is the pod", func(a *api.Allocation) { a.Gateway = "10.32.0.5" }, "not another address"},
-		{"families differ", func(a *api.Allocation) { a.Gateway = "fd00::1" }, "IPv6 gateway"},
-		{"families differ 6/4", func(a *api.Allocation) { a.Address, a.Gateway = "fd00::5/64", "10.0.0.1" }, "IPv4 gateway"},
+		{"no address", func(a *api.Allocation) { a.Address = netip.Prefix{} }, "prefix length"},
+		{"no gateway", func(a *api.Allocation) { a.Gateway = netip.Addr{} }, "no gateway"},
+		{"mapped gateway", func(a *api.Allocation) { a.Gateway = netip.MustParseAddr("::ffff:10.32.0.1") }, "plain IPv4"},
+		{"gateway outside", func(a *api.Allocation) { a.Gateway = netip.MustParseAddr("192.168.0.1") }, "not another address"},
+		{"gateway is the pod", func(a *api.Allocation) { a.Gateway = netip.MustParseAddr("10.32.0.5") }, "not another address"},
+		{"families differ", func(a *api.Allocation) { a.Gateway = netip.MustParseAddr("fd00::1") }, "IPv6 gateway"},
+		{"families differ 6/4", func(a *api.Allocation) {
+			a.Address, a.Gateway = netip.MustParsePrefix("fd00::5/64"), netip.MustParseAddr("10.0.0.1")
+		}, "IPv4 gateway"},
 		{"no bridge", func(a *api.Allocation) { a.Bridge = "" }, "bridge"},
 		{"bridge name too long", func(a *api.Allocation) { a.Bridge = "a-bridge-name-too-long" }, "bridge"},
 		{"MTU zero", func(a *api.Allocation) { a.MTU = 0 }, "MTU 0"},
@@ -129,12 +132,26 @@ func TestPodIPs(t *testing.T) {
 	}
 }
 
-func TestSameIPNet(t *testing.T) {
-	a := net.IPNet{IP: net.ParseIP("10.32.0.5"), Mask: net.CIDRMask(12, 32)} // 16-byte IP, 4-byte mask
-	b := net.IPNet{IP: net.ParseIP("10.32.0.5").To4(), Mask: net.CIDRMask(12, 32)}
-	c := net.IPNet{IP: net.ParseIP("10.32.0.5").To4(), Mask: net.CIDRMask(16, 32)}
-	d := net.IPNet{IP: net.ParseIP("10.32.0.5").To4(), Mask: net.CIDRMask(108, 128)}
-	if !sameIPNet(a, b) || sameIPNet(b, c) || !sameIPNet(b, d) {
-		t.Fatal("sameIPNet is wrong")
+// prefixOf reads a CNI result's or netlink's net.IPNet however its IP and
+// mask are stored (4 or 16 bytes), and refuses a mask that is no prefix.
+func TestPrefixOf(t *testing.T) {
+	want := netip.MustParsePrefix("10.32.0.5/12")
+	for _, n := range []net.IPNet{
+		{IP: net.ParseIP("10.32.0.5"), Mask: net.CIDRMask(12, 32)}, // 16-byte IP, 4-byte mask
+		{IP: net.ParseIP("10.32.0.5").To4(), Mask: net.CIDRMask(12, 32)},
+		{IP: net.ParseIP("10.32.0.5").To4(), Mask: net.CIDRMask(108, 128)},
+	} {
+		if p, ok := prefixOf(n); !ok || p != want {
+			t.Errorf("prefixOf(%v) = %v, %v; want %v", n, p, ok, want)
+		}
+	}
+	if p, ok := prefixOf(net.IPNet{IP: net.ParseIP("10.32.0.5").To4(), Mask: net.CIDRMask(16, 32)}); !ok || p == want {
+		t.Errorf("a /16 read as %v, %v", p, ok)
+	}
+	if _, ok := prefixOf(net.IPNet{IP: net.ParseIP("10.32.0.5").To4(), Mask: net.IPMask{255, 0, 255, 0}}); ok {
+		t.Error("a mask that is no prefix accepted")
+	}
+	if got := ipNet(want); got.String() != "10.32.0.5/12" || len(got.IP) != net.IPv4len {
+		t.Errorf("ipNet(%v) = %v (%d bytes)", want, got, len(got.IP))
 	}
 }

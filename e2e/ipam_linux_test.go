@@ -106,7 +106,7 @@ func TestIPAMThreeNodes(t *testing.T) {
 	cl := api.NewClient(n1.Socket)
 	for _, p := range n1.Pods() {
 		a, err := cl.Lookup(ctx, api.Attachment{ContainerID: p.ContainerID, IfName: p.IfName})
-		if err != nil || a.Address != p.Prefix.String() {
+		if err != nil || a.Address != p.Prefix {
 			t.Fatalf("after kill -9 and restart %s holds %+v (%v), want %s", p, a, err, p.Prefix)
 		}
 	}

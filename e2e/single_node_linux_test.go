@@ -129,7 +129,7 @@ func TestSingleNode(t *testing.T) {
 	held := map[netip.Addr]bool{}
 	for _, p := range pods {
 		a, err := cl.Lookup(ctx, api.Attachment{ContainerID: p.ContainerID, IfName: p.IfName})
-		if err != nil || a.Address != p.Prefix.String() {
+		if err != nil || a.Address != p.Prefix {
 			t.Fatalf("after kill -9 and restart %s holds %+v, %v; want %s", p, a, err, p.Prefix)
 		}
 		held[p.IP] = true

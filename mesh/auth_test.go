@@ -26,7 +26,7 @@ const authLine = "failed authentication: wrong or missing password (check --pass
 func startLoopback(t *testing.T, name string, key []byte, join *Mesh) *peer {
 	t.Helper()
 	log, lb := newLogger(t, name)
-	cfg := Config{Name: PeerName(name), BindAddr: "127.0.0.1", DataPort: 6784, Logger: log, Timings: testTimings(), SecretKey: key}
+	cfg := Config{Name: PeerName(name), BindAddr: "127.0.0.1", Components: []Component{testTunnel(6784, "udp")}, Logger: log, Timings: testTimings(), SecretKey: key}
 	if join != nil {
 		cfg.Peers = []string{join.Addr().String()}
 	}

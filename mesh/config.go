@@ -20,9 +20,6 @@ const DefaultPort = 6783
 const (
 	MaxNameLen     = 64 // bytes of a peer name (the router's --name limit)
 	MaxNicknameLen = 63 // bytes of a nickname (a host name label)
-	MaxEncaps      = 8  // encapsulations in the metadata
-	MaxEncapLen    = 16 // bytes of one encapsulation name
-	MaxPublicKey   = 64 // bytes of the public key slot
 	MaxVersionLen  = 64 // bytes of the version string
 )
 
@@ -46,16 +43,11 @@ type Config struct {
 	// Port is the gossip port, TCP and UDP (--port, DefaultPort in the
 	// router). 0 picks a free port: for tests.
 	Port int
-	// DataPort is the port of encapsulated data that other peers send to
-	// (--data-port); it is published in the metadata.
-	DataPort int
-
-	// Encaps lists the encapsulations this peer supports, e.g. "udp",
-	// "ipip"; published in the metadata.
-	Encaps []string
-	// PublicKey is the data plane's public key (tunnel.Device.PublicKey),
-	// published in the metadata; empty without a password.
-	PublicKey []byte
+	// Components are the blobs other components publish in this peer's
+	// metadata (the router's "tunnel": data port, encapsulations, public
+	// key), and how peers' blobs of them are checked. The mesh never
+	// reads them; see Component.
+	Components []Component
 	// SecretKey is the gossip key derived from the password
 	// (crypt.DeriveKeys: Keys.Gossip, 32 bytes). When set, memberlist
 	// encrypts and authenticates every gossip packet and stream with it
@@ -198,9 +190,6 @@ func (cfg Config) validate() (Config, error) {
 	case 0, 16, 24, 32:
 	default:
 		errs = append(errs, fmt.Errorf("gossip secret key of %d bytes: want 32 (crypt.DeriveKeys)", len(cfg.SecretKey)))
-	}
-	if cfg.DataPort < 0 || cfg.DataPort > 65535 {
-		errs = append(errs, fmt.Errorf("data port %d (--data-port): give a port between 1 and 65535", cfg.DataPort))
 	}
 	for _, a := range []struct{ flag, v string }{{"bind address (--host)", cfg.BindAddr}, {"advertise address (--host)", cfg.AdvertiseAddr}} {
 		if a.v != "" {

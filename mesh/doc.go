@@ -8,8 +8,9 @@
 //	m, err := mesh.New(mesh.Config{
 //		Name: name, Nickname: nick,             // state.DB.PeerName, --nickname
 //		BindAddr: host, Port: 6783,             // --host, --port
-//		DataPort: 6784, Encaps: []string{"udp"}, Version: version,
-//		SecretKey: keys.Gossip[:], PublicKey: dev.PublicKey(), // with a password (crypt.DeriveKeys)
+//		Version: version,
+//		SecretKey: keys.Gossip[:],              // with a password (crypt.DeriveKeys)
+//		Components: []mesh.Component{tunnel},   // opaque blobs of other packages
 //		Peers: peers, Remembered: remembered,   // --peers, saved KnownPeers
 //		Logger: log, Registerer: reg,
 //	})
@@ -18,6 +19,20 @@
 //	defer m.Close()                             // leaves gracefully
 //	... m.KnownPeers() to persist; m.WriteStatus, WriteStatusPeers,
 //	WriteStatusConnections and Report for /status; m.Subscribe for events.
+//
+// # Metadata
+//
+// Each peer publishes a small record in memberlist's node metadata (at
+// most 512 bytes, sent with every alive message): its nickname, version
+// and one blob per registered Component ("tunnel": the data port,
+// encapsulations and public key, encoded by the router). The mesh knows a
+// blob's name, version and bound, never its fields. A peer's blob is
+// checked by its component's Check: one that fails is refused for that
+// component alone (Meta.Refused, logged, weft_mesh_invalid_metadata_total);
+// blobs of components this peer does not know are kept and ignored. The
+// encoding (meta.go) is version 2, which keeps main's version-1 layout up
+// to the version string, the tunnel's record in its old place, so that
+// routers of either version read each other during a rolling upgrade.
 //
 // # Gossip channels
 //

@@ -54,27 +54,6 @@ func FuzzDecodeState(f *testing.F) {
 	})
 }
 
-func FuzzDecodeMeta(f *testing.F) {
-	good, _ := encodeMeta(Meta{Nickname: "host1", DataPort: 6784, Encaps: []string{"udp", "ipip"}, Version: "v1"})
-	f.Add(good)
-	f.Add([]byte{1})
-	f.Add([]byte{2, 0, 0, 0, 0, 0, 0, 9})
-	f.Fuzz(func(t *testing.T, b []byte) {
-		md, err := decodeMeta(b)
-		if err != nil {
-			return
-		}
-		enc, err := encodeMeta(md)
-		if err != nil {
-			t.Fatalf("accepted %x as %+v, which does not encode: %v", b, md, err)
-		}
-		again, err := decodeMeta(enc)
-		if err != nil || !reflect.DeepEqual(again, md) {
-			t.Fatalf("round trip of %+v: %+v, %v", md, again, err)
-		}
-	})
-}
-
 func FuzzDecodeReports(f *testing.F) {
 	f.Add(encodeReports([]report{{Origin: "node1", Version: 3, Leaving: true}, {Origin: "node2", Unreachable: []PeerName{"node3"}}}))
 	f.Add(encodeReport(report{Origin: "x", Version: 1}))

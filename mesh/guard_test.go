@@ -28,7 +28,7 @@ import (
 func startGuarded(t *testing.T, lim PreAuthLimits) (*Mesh, *logBuf) {
 	t.Helper()
 	log, lb := newLogger(t, "a")
-	m, err := New(Config{Name: "a", BindAddr: "127.0.0.1", DataPort: 6784, Logger: log, Timings: testTimings(), SecretKey: keyOne, PreAuth: lim})
+	m, err := New(Config{Name: "a", BindAddr: "127.0.0.1", Components: []Component{testTunnel(6784, "udp")}, Logger: log, Timings: testTimings(), SecretKey: keyOne, PreAuth: lim})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -337,7 +337,7 @@ func TestReportFromNoPeer(t *testing.T) {
 	if len(reps) != 1 || reps[0].Origin != "a" {
 		t.Errorf("state after reports from no peers: %+v, want only a's own", reps)
 	}
-	meta, _ := encodeMeta(Meta{DataPort: 6784})
+	meta, _ := encodeMeta("", "", []Component{testTunnel(6784)})
 	m.onAlive("ghost", m.Addr(), meta)
 	if news, err := tg.OnBroadcast("ghost", rep); err != nil || news == nil {
 		t.Errorf("a goodbye from a peer: news %x, %v; want it relayed", news, err)
@@ -353,7 +353,7 @@ func TestReportFromNoPeer(t *testing.T) {
 // a label header is refused before memberlist sees it.
 func TestGuardPlaintextLimit(t *testing.T) {
 	log, lb := newLogger(t, "a")
-	m, err := New(Config{Name: "a", BindAddr: "127.0.0.1", DataPort: 6784, Logger: log, Timings: testTimings(), PreAuth: PreAuthLimits{MaxStreamSize: 64 << 10}})
+	m, err := New(Config{Name: "a", BindAddr: "127.0.0.1", Components: []Component{testTunnel(6784, "udp")}, Logger: log, Timings: testTimings(), PreAuth: PreAuthLimits{MaxStreamSize: 64 << 10}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -201,8 +201,9 @@ func (c *cluster) start(i int, cfg Config) *peer {
 		cfg.Nickname = fmt.Sprintf("host%d", i)
 	}
 	cfg.Port = 6783
-	cfg.DataPort = 6784
-	cfg.Encaps = []string{"udp"}
+	if cfg.Components == nil {
+		cfg.Components = []Component{testTunnel(6784, "udp")}
+	}
 	cfg.Version = "test"
 	cfg.Transport = tr
 	if cfg.Timings == (Timings{}) {

@@ -91,10 +91,7 @@ func New(cfg Config) (*Mesh, error) {
 	if err != nil {
 		return nil, err
 	}
-	meta, err := encodeMeta(Meta{
-		Nickname: cfg.Nickname, DataPort: uint16(cfg.DataPort), Encaps: cfg.Encaps,
-		PublicKey: cfg.PublicKey, Version: cfg.Version,
-	})
+	meta, err := encodeMeta(cfg.Nickname, cfg.Version, cfg.Components)
 	if err != nil {
 		return nil, err
 	}

@@ -466,7 +466,7 @@ func TestStatus(t *testing.T) {
 		if p.ReachableFrom != 2 {
 			t.Errorf("%s reachable from %d peers, want 2", p.Name, p.ReachableFrom)
 		}
-		if p.Meta.DataPort != 6784 || p.Nickname == "" || !slices.Equal(p.Meta.Encaps, []string{"udp"}) {
+		if b, ok := p.Meta.Component("tunnel"); !ok || !bytes.Equal(b.Data, testTunnel(6784, "udp").Data) || p.Nickname == "" || p.Meta.Version != "test" {
 			t.Errorf("%s metadata %+v", p.Name, p.Meta)
 		}
 	}
@@ -564,8 +564,10 @@ func TestConfigErrors(t *testing.T) {
 		{Config{Name: "a", BindAddr: "nonsense"}, "--host"},
 		{Config{Name: "a", Peers: []string{"host:notaport"}}, `--peers entry "host:notaport"`},
 		{Config{Name: "a", Nickname: strings.Repeat("n", 64)}, "nickname"},
-		{Config{Name: "a", Encaps: []string{"UDP"}}, "encapsulation"},
-		{Config{Name: "a", PublicKey: make([]byte, 65)}, "public key"},
+		{Config{Name: "a", Components: []Component{{Name: "Tunnel"}}}, "component name"},
+		{Config{Name: "a", Components: []Component{{Name: "x", Data: make([]byte, 9), Max: 8}}}, "bound"},
+		{Config{Name: "a", Components: []Component{{Name: "x", Max: 300}}}, "bound"},
+		{Config{Name: "a", Components: []Component{{Name: "x"}, {Name: "x"}}}, "twice"},
 	} {
 		_, err := New(tc.cfg)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

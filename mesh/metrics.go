@@ -53,7 +53,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		badMeta: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "weft_mesh_invalid_metadata_total",
-			Help: "Peer metadata records that failed to decode.",
+			Help: "Peer metadata records that failed to decode, and component blobs in them that were refused.",
 		}),
 		joins: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "weft_mesh_join_attempts_total",

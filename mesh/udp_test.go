@@ -13,7 +13,7 @@ func TestRealTransportLoopback(t *testing.T) {
 		log, lb := newLogger(t, fmt.Sprintf("node%d", i))
 		cfg := Config{
 			Name: PeerName(fmt.Sprintf("node%d", i)), Nickname: fmt.Sprintf("host%d", i),
-			BindAddr: "127.0.0.1", Port: 0, DataPort: 6784, Logger: log, Timings: testTimings(),
+			BindAddr: "127.0.0.1", Port: 0, Components: []Component{testTunnel(6784, "udp")}, Logger: log, Timings: testTimings(),
 		}
 		if i > 1 {
 			cfg.Peers = []string{ps[0].m.Addr().String()}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -45,7 +46,6 @@ type Peer struct {
 	Name     PeerName       `json:"name"`
 	Nickname string         `json:"nickname,omitempty"`
 	Addr     netip.AddrPort `json:"address"` // gossip address
-	DataPort uint16         `json:"dataPort,omitempty"`
 	State    PeerState      `json:"state"`
 	Since    time.Time      `json:"since"` // last state change
 	Self     bool           `json:"self,omitempty"`
@@ -168,7 +168,7 @@ func (m *Mesh) emitLocked(kind EventKind, p Peer, detail string) {
 // onAlive records memberlist's join of a peer (NotifyJoin) or a change of
 // its metadata or address (NotifyUpdate).
 func (m *Mesh) onAlive(name PeerName, addr netip.AddrPort, rawMeta []byte) {
-	md, metaErr := decodeMeta(rawMeta)
+	md, metaErr := decodeMeta(rawMeta, m.cfg.Components)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.viewDone {
@@ -186,16 +186,25 @@ func (m *Mesh) onAlive(name PeerName, addr netip.AddrPort, rawMeta []byte) {
 		kind = EventRejoined
 		p.Since = now
 	}
-	oldMetaErr := p.MetaError
+	oldMetaErr, oldRefused := p.MetaError, p.Meta.Refused
 	p.Addr, p.base, p.bye = addr, StateAlive, false
 	p.Meta, p.MetaError = md, ""
 	if metaErr != nil {
 		p.Meta, p.MetaError = Meta{}, metaErr.Error()
 	}
-	p.Nickname, p.DataPort = p.Meta.Nickname, p.Meta.DataPort
+	p.Nickname = p.Meta.Nickname
 	if metaErr != nil && (kind != EventUpdated || oldMetaErr != p.MetaError) {
 		m.metrics.badMeta.Inc()
 		m.log.Warn(fmt.Sprintf("peer %s has invalid metadata: %v", p.label(), metaErr), "peer", name)
+	}
+	for _, c := range slices.Sorted(maps.Keys(p.Meta.Refused)) {
+		why := p.Meta.Refused[c]
+		if kind == EventUpdated && oldRefused[c] == why {
+			continue
+		}
+		m.metrics.badMeta.Inc()
+		m.log.Warn(fmt.Sprintf("peer %s: its %q metadata is refused (%s); its other metadata is used, and this component treats the peer as not publishing any", p.label(), c, why),
+			"peer", name, "component", c)
 	}
 	m.refreshLocked(name)
 	if p.Self {

@@ -8,73 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
-
-	"github.com/hashicorp/memberlist"
 )
-
-func TestMetaRoundTrip(t *testing.T) {
-	for _, md := range []Meta{
-		{},
-		{Nickname: "host1", DataPort: 6784, Encaps: []string{"udp", "ipip"}, Version: "v1.2.3"},
-		{Nickname: "ünïcode", PublicKey: bytes.Repeat([]byte{7}, 32)},
-	} {
-		b, err := encodeMeta(md)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := decodeMeta(b)
-		if err != nil {
-			t.Fatalf("decode %+v: %v", md, err)
-		}
-		if !reflect.DeepEqual(got, md) {
-			t.Errorf("round trip: got %+v, want %+v", got, md)
-		}
-	}
-}
-
-// The largest metadata the limits allow fits memberlist's 512 bytes.
-func TestMetaMaxFits(t *testing.T) {
-	encaps := make([]string, MaxEncaps)
-	for i := range encaps {
-		encaps[i] = strings.Repeat("e", MaxEncapLen)
-	}
-	md := Meta{
-		Nickname: strings.Repeat("n", MaxNicknameLen), DataPort: 65535, Encaps: encaps,
-		PublicKey: make([]byte, MaxPublicKey), Version: strings.Repeat("v", MaxVersionLen),
-	}
-	b, err := encodeMeta(md)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(b) > memberlist.MetaMaxSize {
-		t.Fatalf("largest metadata is %d bytes, over %d", len(b), memberlist.MetaMaxSize)
-	}
-	t.Logf("largest metadata: %d bytes", len(b))
-}
-
-func TestDecodeMetaRejects(t *testing.T) {
-	good, _ := encodeMeta(Meta{Nickname: "h", Encaps: []string{"udp"}})
-	for name, b := range map[string][]byte{
-		"empty":        nil,
-		"version 0":    {0},
-		"truncated":    good[:len(good)-1],
-		"trailing":     append(bytes.Clone(good), 0),
-		"too many":     {1, 0, 0, 0, 200},
-		"bad encap":    {1, 0, 0, 0, 1, 3, 'U', 'D', 'P', 0, 0},
-		"control char": {1, 1, '\n', 0, 0, 0, 0, 0},
-		"huge":         make([]byte, 600),
-	} {
-		if md, err := decodeMeta(b); err == nil {
-			t.Errorf("%s: decoded %+v", name, md)
-		}
-	}
-	// A newer version's extra fields are ignored.
-	newer := append([]byte{2}, good[1:]...)
-	newer = append(newer, 1, 2, 3)
-	if _, err := decodeMeta(newer); err != nil {
-		t.Errorf("newer metadata version: %v", err)
-	}
-}
 
 func TestMessageRoundTrip(t *testing.T) {
 	for _, kind := range []byte{kindBroadcast, kindUnicast} {

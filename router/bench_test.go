@@ -3,6 +3,8 @@ package router
 import (
 	"context"
 	"fmt"
+	"os"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -103,4 +105,61 @@ func BenchmarkLocalAPIAllocate20(b *testing.B) {
 	b.ReportMetric(ms(lat[(len(lat)*99)/100]), "p99-ms")
 	b.ReportMetric(ms(lat[len(lat)-1]), "max-ms")
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "allocs/s")
+}
+
+// BenchmarkLocalAPIAddDel runs pod ADD/DEL cycles through the local API
+// (allocate, then release, a new attachment each, as membench does against
+// a router process) after a warm-up of 1,000, and reports what each cycle
+// leaves behind: the live heap after a full collection, the heap's objects
+// and the goroutines, before and after, and the state file's size. A leak
+// shows as a live heap that grows with b.N.
+//
+//	go test ./router -run '^$' -bench LocalAPIAddDel -benchtime 10000x
+func BenchmarkLocalAPIAddDel(b *testing.B) {
+	r, cl := newTestRouter(b, "10.32.0.0/12")
+	r.setReady(true, "")
+	ctx := context.Background()
+	next := 0
+	cycle := func() {
+		att := api.Attachment{ContainerID: fmt.Sprintf("cycle-%d", next), IfName: "eth0"}
+		next++
+		if _, err := cl.Allocate(ctx, api.AllocateRequest{Attachment: att, PodNamespace: "default", PodName: att.ContainerID}); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := cl.Release(ctx, att); err != nil {
+			b.Fatal(err)
+		}
+	}
+	type reading struct {
+		live, objects uint64
+		goroutines    int
+		db            int64
+	}
+	read := func() reading {
+		runtime.GC()
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		st, err := os.Stat(r.db.Path())
+		if err != nil {
+			b.Fatal(err)
+		}
+		return reading{m.HeapAlloc, m.HeapObjects, runtime.NumGoroutine(), st.Size()}
+	}
+	for range 1000 {
+		cycle()
+	}
+	before := read()
+	b.ResetTimer()
+	for b.Loop() {
+		cycle()
+	}
+	b.StopTimer()
+	after := read()
+	b.ReportMetric(float64(int64(after.live)-int64(before.live))/float64(b.N), "live-heap-B/cycle")
+	b.ReportMetric(float64(before.live)/(1<<20), "live-heap-MiB-before")
+	b.ReportMetric(float64(after.live)/(1<<20), "live-heap-MiB-after")
+	b.ReportMetric(float64(int64(after.objects)-int64(before.objects)), "heap-objects-added")
+	b.ReportMetric(float64(after.goroutines-before.goroutines), "goroutines-added")
+	b.ReportMetric(float64(after.db-before.db), "state-file-B-added")
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/weft-net/weft/mesh"
 )
@@ -49,6 +50,12 @@ type seams struct {
 	gossip memberlist.NodeAwareTransport
 	// meshTimings tune the mesh; zero fields take its defaults.
 	meshTimings mesh.Timings
+	// kubeClient is the API server's client (--kube; client-go's fake
+	// clientset); nil: the one --kubeconfig or the cluster gives.
+	kubeClient kubernetes.Interface
+	// kubeResync is how often the reclaim pass runs besides Node
+	// deletions; zero: kube.DefaultResync.
+	kubeResync time.Duration
 }
 
 func build(ctx context.Context, cfg *Validated, log *slog.Logger, kernel Kernel, s seams) (_ *Node, err error) {

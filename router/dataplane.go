@@ -126,12 +126,16 @@ func tunnelPeers(peers []mesh.Peer) []tunnel.Peer {
 		if p.Self || p.State == mesh.StateLeft || p.MetaError != "" || !p.Addr.IsValid() {
 			continue
 		}
+		t, ok := peerTunnelRecord(p)
+		if !ok {
+			continue // no record, or one refused (the mesh logged why)
+		}
 		out = append(out, tunnel.Peer{
 			Name:      string(p.Name),
 			Underlay:  p.Addr.Addr(),
-			DataPort:  p.DataPort,
-			Encaps:    tunnel.ParseEncaps(p.Meta.Encaps),
-			PublicKey: p.Meta.PublicKey,
+			DataPort:  t.DataPort,
+			Encaps:    tunnel.ParseEncaps(t.Encaps),
+			PublicKey: t.PublicKey,
 		})
 	}
 	return out

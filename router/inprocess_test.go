@@ -411,8 +411,8 @@ func testInProcessCluster(t *testing.T, password string) {
 		if err != nil {
 			t.Fatalf("%s: allocate: %v", n.name, err)
 		}
-		p, err := netip.ParsePrefix(a.Address)
-		if err != nil || !a.New {
+		p := a.Address
+		if !p.IsValid() || !a.New {
 			t.Fatalf("%s: allocate: %+v, %v", n.name, a, err)
 		}
 		pods[i] = p.Addr()
@@ -427,13 +427,13 @@ func testInProcessCluster(t *testing.T, password string) {
 		if !owned {
 			t.Errorf("%s gave %s, outside its own ranges %v", n.name, pods[i], reps[i].IPAM.Owned)
 		}
-		if a.Gateway != reps[i].Router.Gateway || a.Bridge != "weft-inproc" {
+		if a.Gateway.String() != reps[i].Router.Gateway || a.Bridge != "weft-inproc" {
 			t.Errorf("%s: allocation %+v, want the gateway %s", n.name, a, reps[i].Router.Gateway)
 		}
 		// The kernel was asked for the bridge with that gateway, and the
 		// guard lets the pod send from its address through its veth.
 		bridges, _, podSrc, _ := n.kernel.state()
-		if len(bridges) == 0 || bridges[0].Gateway.Addr().String() != a.Gateway || bridges[0].PodRange != netip.MustParsePrefix(universe) {
+		if len(bridges) == 0 || bridges[0].Gateway.Addr() != a.Gateway || bridges[0].PodRange != netip.MustParsePrefix(universe) {
 			t.Errorf("%s: bridges ensured: %+v", n.name, bridges)
 		}
 		want := bridge.PodSource{Veth: cni.HostVethName(att.ContainerID, att.IfName), Addr: pods[i]}
@@ -461,7 +461,7 @@ func testInProcessCluster(t *testing.T, password string) {
 	build1(nodes[1], 1)
 	run(nodes[1])
 	waitUntil(t, "r2 to be ready again", func() bool { return nodes[1].api.Ready(ctx) == nil })
-	if a, err := nodes[1].api.Lookup(ctx, api.Attachment{ContainerID: "pod-r2", IfName: "eth0"}); err != nil || netip.MustParsePrefix(a.Address).Addr() != pods[1] {
+	if a, err := nodes[1].api.Lookup(ctx, api.Attachment{ContainerID: "pod-r2", IfName: "eth0"}); err != nil || a.Address.Addr() != pods[1] {
 		t.Fatalf("r2 after its restart: the pod's address %+v, %v; want %s", a, err, pods[1])
 	}
 	waitUntil(t, "the routers to agree on the ring after r2's restart", func() bool {

@@ -28,9 +28,13 @@ const kubeMembersEvery = 6
 // runs its watch of the Nodes. The node list and the ConfigMap are read by
 // kubeInit, routineKube and the reclaim pass.
 func (r *Router) newKube() error {
-	client, err := kube.NewClient(r.cfg.Kubeconfig, Version)
-	if err != nil {
-		return fmt.Errorf("--kube: %w", err)
+	client := r.seams.kubeClient
+	if client == nil {
+		c, err := kube.NewClient(r.cfg.Kubeconfig, Version)
+		if err != nil {
+			return fmt.Errorf("--kube: %w", err)
+		}
+		client = c
 	}
 	k, err := kube.New(kube.Config{
 		Client:      client,
@@ -45,6 +49,7 @@ func (r *Router) newKube() error {
 		PeerAlive:   r.peerMaybeAlive,
 		Logger:      r.log,
 		Registerer:  r.metrics.reg,
+		Resync:      r.seams.kubeResync,
 	})
 	if err != nil {
 		return fmt.Errorf("--kube: %w", err)

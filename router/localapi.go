@@ -102,12 +102,14 @@ func key(a api.Attachment) ipalloc.Key {
 	return ipalloc.Key{ContainerID: a.ContainerID, IfName: a.IfName}
 }
 
-func (l *localAPI) allocation(k ipalloc.Key, addr ipalloc.Address, isNew bool) api.Allocation {
+// allocation is the answer for k's address ip, in the ADD path's one
+// address type (netip); JSON is the edge that makes text of it.
+func (l *localAPI) allocation(k ipalloc.Key, ip netip.Addr, isNew bool) api.Allocation {
 	net := l.r.net()
 	return api.Allocation{
 		Attachment: api.Attachment{ContainerID: k.ContainerID, IfName: k.IfName},
-		Address:    l.r.ipam.Prefix(addr).String(),
-		Gateway:    net.gateway.Addr().String(),
+		Address:    netip.PrefixFrom(ip, l.r.ipam.Universe().Bits()),
+		Gateway:    net.gateway.Addr(),
 		Bridge:     l.r.cfg.Bridge,
 		MTU:        net.mtu,
 		New:        isNew,
@@ -154,7 +156,6 @@ func (l *localAPI) allocate(w http.ResponseWriter, req *http.Request) {
 		writeError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
 		return
 	}
-	addr, _ := ipalloc.AddressFrom(ip)
 	if isNew {
 		l.r.log.Info("allocated address", "container", k.ContainerID, "ifname", k.IfName, "address", ip,
 			"pod", podName(in.PodNamespace, in.PodName))
@@ -166,7 +167,7 @@ func (l *localAPI) allocate(w http.ResponseWriter, req *http.Request) {
 		writeError(w, http.StatusInternalServerError, api.CodeInternal, fmt.Sprintf("letting %s send from %s on the bridge: %v", k, ip, err))
 		return
 	}
-	writeJSON(w, http.StatusOK, l.allocation(k, addr, isNew))
+	writeJSON(w, http.StatusOK, l.allocation(k, ip, isNew))
 }
 
 func podName(ns, name string) string {
@@ -187,8 +188,7 @@ func (l *localAPI) lookup(w http.ResponseWriter, req *http.Request) {
 		writeError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no address is allocated to %s", att))
 		return
 	}
-	addr, _ := ipalloc.AddressFrom(ip)
-	writeJSON(w, http.StatusOK, l.allocation(key(att), addr, false))
+	writeJSON(w, http.StatusOK, l.allocation(key(att), ip, false))
 }
 
 func (l *localAPI) release(w http.ResponseWriter, req *http.Request) {
@@ -238,7 +238,7 @@ func (l *localAPI) release(w http.ResponseWriter, req *http.Request) {
 	}
 	resp := api.ReleaseResponse{Released: ok}
 	if ok {
-		resp.Address = ip.String()
+		resp.Address = ip
 		l.r.log.Info("released address", "container", att.ContainerID, "ifname", att.IfName, "address", ip)
 	}
 	writeJSON(w, http.StatusOK, resp)
@@ -271,7 +271,7 @@ func (l *localAPI) gc(w http.ResponseWriter, req *http.Request) {
 	}
 	resp := api.GCResponse{Released: []api.Allocation{}}
 	for _, d := range dropped {
-		resp.Released = append(resp.Released, l.allocation(d.Key, d.Address, false))
+		resp.Released = append(resp.Released, l.allocation(d.Key, d.Address.Addr(), false))
 		l.r.log.Info("GC released address", "container", d.Key.ContainerID, "ifname", d.Key.IfName, "address", d.Address)
 	}
 	writeJSON(w, http.StatusOK, resp)

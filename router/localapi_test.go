@@ -62,7 +62,7 @@ func TestLocalAPI(t *testing.T) {
 	}
 
 	a1, err := cl.Allocate(ctx, api.AllocateRequest{Attachment: att, PodNamespace: "default", PodName: "web"})
-	if err != nil || !a1.New || a1.Gateway != "10.32.0.1" || a1.MTU != 1440 || !strings.HasSuffix(a1.Address, "/12") {
+	if err != nil || !a1.New || a1.Gateway != netip.MustParseAddr("10.32.0.1") || a1.MTU != 1440 || a1.Address.Bits() != 12 {
 		t.Fatalf("allocate: %+v, %v", a1, err)
 	}
 	a2, err := cl.Allocate(ctx, api.AllocateRequest{Attachment: att})
@@ -157,7 +157,7 @@ func TestLocalAPIExhausted(t *testing.T) {
 	r, cl := newTestRouter(t, "10.32.0.0/28") // 16 addresses: network, broadcast, 14 usable
 	r.setReady(true, "")
 	ctx := context.Background()
-	seen := map[string]bool{}
+	seen := map[netip.Prefix]bool{}
 	for i := 0; ; i++ {
 		a, err := cl.Allocate(ctx, api.AllocateRequest{Attachment: api.Attachment{ContainerID: "c" + string(rune('a'+i)), IfName: "eth0"}})
 		if api.IsCode(err, api.CodeExhausted) {

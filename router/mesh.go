@@ -27,6 +27,10 @@ func (r *Router) newMesh() error {
 	if err != nil {
 		r.log.Warn("the remembered peers in the state are unreadable; joining --peers only", "err", err)
 	}
+	tun, err := tunnelMetaComponent(tunnelRecord{DataPort: uint16(r.cfg.DataPort), Encaps: r.encaps(), PublicKey: r.tunnel.PublicKey()})
+	if err != nil {
+		return fmt.Errorf("the tunnel's record in the mesh metadata: %w", err)
+	}
 	host := r.net().host
 	bind := ""
 	if isLocalAddr(host) {
@@ -38,9 +42,7 @@ func (r *Router) newMesh() error {
 		BindAddr:      bind,
 		AdvertiseAddr: host.String(),
 		Port:          r.cfg.Port,
-		DataPort:      r.cfg.DataPort,
-		Encaps:        r.encaps(),
-		PublicKey:     r.tunnel.PublicKey(),
+		Components:    []mesh.Component{tun},
 		SecretKey:     r.gossipKey(),
 		Version:       Version,
 		Peers:         r.cfg.PeerList,

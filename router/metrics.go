@@ -1,6 +1,7 @@
 package router
 
 import (
+	"regexp"
 	"runtime"
 	"time"
 
@@ -53,7 +54,12 @@ func newMetrics(r *Router) *metrics {
 		}, f)
 	}
 	m.reg.MustRegister(
-		collectors.NewGoCollector(),
+		// With the heap live after the last collection
+		// (go_gc_heap_live_bytes): what the heap holds, unlike the heap
+		// in use, which also counts garbage not yet collected, so a leak
+		// shows as a rising line.
+		collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(
+			collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/gc/heap/live:bytes$`)})),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.apiRequests, m.apiDuration, m.ipamSaves,
 		prometheus.NewCounterFunc(prometheus.CounterOpts{

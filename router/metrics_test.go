@@ -100,3 +100,17 @@ func TestObserveSaveResult(t *testing.T) {
 		t.Errorf("saves with result=error = %v (present %v), want %v", v, ok, before+1)
 	}
 }
+
+// The heap live after the last collection is exported: it is the figure
+// that shows a leak (the heap in use also counts garbage not yet
+// collected, and RSS what the runtime has not handed back).
+func TestMetricsHeapLive(t *testing.T) {
+	r, _ := newTestRouter(t, "10.32.0.0/12")
+	v, ok := metricValue(t, r, "go_gc_heap_live_bytes", nil)
+	if !ok {
+		t.Fatal("/metrics has no go_gc_heap_live_bytes")
+	}
+	if v <= 0 {
+		t.Fatalf("go_gc_heap_live_bytes = %v, want > 0", v)
+	}
+}

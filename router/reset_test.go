@@ -2,6 +2,9 @@ package router
 
 import (
 	"context"
+	"io"
+	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -107,11 +110,25 @@ func TestLocalAPIReleaseReclaimed(t *testing.T) {
 		t.Errorf("report: %+v", got)
 	}
 	att := api.Attachment{ContainerID: "old", IfName: "eth0"}
-	if _, err := cl.ReleaseWithPrev(ctx, att, "not-an-ip"); !api.IsCode(err, api.CodeInvalid) {
-		t.Errorf("bad address: %v", err)
+	// The query is the edge: text that is no IPv4 address is refused
+	// (the typed client cannot send it, a raw request can).
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", cl.Socket())
+	}}}
+	for _, bad := range []string{"not-an-ip", "fd00::1", "10.32.0.40%25eth0"} {
+		req, _ := http.NewRequest(http.MethodDelete, "http://weft"+api.PathIP+"?containerID=old&ifName=eth0&"+api.QueryAddress+"="+bad, nil)
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), `"code":"invalid"`) {
+			t.Errorf("release with address=%s: %s %s", bad, resp.Status, b)
+		}
 	}
-	rel, err := cl.ReleaseWithPrev(ctx, att, "10.32.0.40/24")
-	if err != nil || !rel.Released || rel.Address != "10.32.0.40" {
+	rel, err := cl.ReleaseWithPrev(ctx, att, netip.MustParseAddr("10.32.0.40"))
+	if err != nil || !rel.Released || rel.Address != pod {
 		t.Fatalf("release with prev: %+v, %v", rel, err)
 	}
 	if r.ipam.Stats().Allocated != 0 {
@@ -122,7 +139,7 @@ func TestLocalAPIReleaseReclaimed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rel, err := cl.ReleaseWithPrev(ctx, att, "10.32.0.99"); err != nil || !rel.Released || rel.Address+"/24" != a.Address {
+	if rel, err := cl.ReleaseWithPrev(ctx, att, netip.MustParseAddr("10.32.0.99")); err != nil || !rel.Released || rel.Address != a.Address.Addr() {
 		t.Errorf("release: %+v, %v (had %s)", rel, err, a.Address)
 	}
 }

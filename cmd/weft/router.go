@@ -97,6 +97,7 @@ func cmdRouter(args []string) error {
 	klog.SetSlogLogger(log.With("component", "client-go"))
 	log.Info(fmt.Sprintf("Command line options: %v", cfg.Options()))
 	log.Info("weft router starting", "version", router.Version)
+	router.SetRuntimeDefaults()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -129,8 +129,8 @@ func (f *Router) allocate(w http.ResponseWriter, req *http.Request) {
 	}
 	a := api.Allocation{
 		Attachment: in.Attachment,
-		Address:    netip.PrefixFrom(f.next, 12).String(),
-		Gateway:    "10.32.0.1",
+		Address:    netip.PrefixFrom(f.next, 12),
+		Gateway:    netip.MustParseAddr("10.32.0.1"),
 		Bridge:     f.Bridge,
 		MTU:        f.MTU,
 	}
@@ -159,7 +159,7 @@ func (f *Router) release(w http.ResponseWriter, req *http.Request) {
 	a, ok := f.allocs[att]
 	delete(f.allocs, att)
 	f.prevs = append(f.prevs, req.URL.Query().Get(api.QueryAddress))
-	writeJSON(w, http.StatusOK, api.ReleaseResponse{Released: ok, Address: a.Address})
+	writeJSON(w, http.StatusOK, api.ReleaseResponse{Released: ok, Address: a.Address.Addr()})
 }
 
 func (f *Router) gc(w http.ResponseWriter, req *http.Request) {
