@@ -36,6 +36,7 @@ func testMsgs(t testing.TB) []Msg {
 		&Denial{ID: 1},
 		&Remove{Peer: "node-c"},
 		&RemoveAck{Peer: "node-c", Ring: r},
+		&RemoveAck{Peer: "node-c", Ring: r, Members: []PeerName{"node-b", "node-d"}},
 		&Handover{ID: 9, Ring: r},
 		&HandoverAck{ID: 9},
 		&HandoverAck{ID: 9, Heir: "node-b"},
@@ -83,6 +84,9 @@ func TestCodecRefuses(t *testing.T) {
 		{"invalid ring", EncodeMsg(&RingMsg{Ring: badRing}), "more than the range's"},
 		{"paxos without ballot", []byte{wireFormat, byte(kindPrepare), 0, 0, 0}, "no ballot"},
 		{"paxos unsorted value", EncodeMsg(&PaxosMsg{Type: Accept, Ballot: Ballot{1, "a"}, Value: []PeerName{"b", "a"}}), "not sorted"},
+		{"remove ack members of a newer weft", append(EncodeMsg(&RemoveAck{Peer: "c", Ring: testRing(t)}), 2, 0), "fields of version 2"},
+		{"remove ack bad member", EncodeMsg(&RemoveAck{Peer: "c", Ring: testRing(t), Members: []PeerName{"a b"}}), "printable ASCII"},
+		{"remove ack huge member count", append(EncodeMsg(&RemoveAck{Peer: "c", Ring: testRing(t)}), removeAckExtVersion, 0xff, 0x7f), "more than the message can hold"},
 		{"overlong number", []byte{wireFormat, byte(kindDenial), 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}, "overlong"},
 	} {
 		_, err := DecodeMsg(tt.data)

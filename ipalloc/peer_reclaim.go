@@ -16,7 +16,10 @@ import (
 //     every peer that shares it as far as this one ever learned, on disk)
 //     that is not removed itself.
 //  2. A peer that gets Remove{X} records it (on disk), from then on refuses
-//     every message from X, and answers RemoveAck with its ring.
+//     every message from X, and answers RemoveAck with its ring and the
+//     members it knows. A member this peer did not know joins the barrier
+//     (it may hold a change of X's that neither has seen: a peer that came
+//     back under a new name knows only the peers it reached).
 //  3. Once every such member has answered, this peer has merged every change
 //     of X's that any live peer holds, and no live peer will take another
 //     one. Only then does it take over X's entries that are left, each at
@@ -128,7 +131,7 @@ func (p *Peer) stepRemove(from PeerName, m *Remove) {
 		p.removed[x] = from
 		p.removedDirty = true
 	}
-	p.send(from, &RemoveAck{Peer: x, Ring: p.a.Ring()})
+	p.send(from, &RemoveAck{Peer: x, Ring: p.a.Ring(), Members: p.barrier(x)})
 	// x no longer counts as live: a reclaim that waited for it may go on.
 	p.completeReclaims()
 }
@@ -143,10 +146,23 @@ func (p *Peer) stepRemoveAck(from PeerName, m *RemoveAck) error {
 		}
 		return nil
 	}
+	for _, q := range m.Members {
+		if err := ValidatePeerName(q); err != nil {
+			return fmt.Errorf("ipalloc: remove ack from %s: member %w", from, err)
+		}
+	}
 	if err := p.mergeRing(m.Ring, string(from)); err != nil {
 		return err // not counted: this peer does not have what from knows
 	}
 	acked[from] = true
+	// The barrier grows by the members from knows and this peer did not:
+	// one of them may hold a change of m.Peer's that neither has seen (a
+	// peer that joined under a new name knows only the peers it reached).
+	for _, q := range m.Members {
+		if q != m.Peer {
+			_ = p.AddMember(q) // validated above
+		}
+	}
 	p.completeReclaims()
 	return nil
 }
