@@ -19,6 +19,7 @@ import (
 //	ballot   = round(uvarint) name
 //	paxos    = ballot accepted-ballot(round 0 and no name: none) nvalue(uvarint) name* [ext]
 //	ext      = ext-version(1 byte, 1) size(uvarint, 1..10000)
+//	remove   = name [by-version(1 byte, 1) name]
 //	rmack    = name ring [members-version(1 byte, 1) nmembers(uvarint) name*]
 //
 // A Paxos message without ext comes from a peer that predates it (its
@@ -32,6 +33,10 @@ const wireFormat = 1
 
 // paxosExtVersion is the version of the fields that follow a Paxos value.
 const paxosExtVersion = 1
+
+// removeExtVersion is the version of the field that follows a Remove's
+// peer (By).
+const removeExtVersion = 1
 
 // removeAckExtVersion is the version of the fields that follow a
 // RemoveAck's ring (its members). A RemoveAck without them comes from a
@@ -87,7 +92,15 @@ type Denial struct{ ID uint64 }
 
 // Remove tells a peer that Peer is gone for good (weft rmpeer): from now on
 // it must ignore every message from Peer, and answer with a RemoveAck.
-type Remove struct{ Peer PeerName }
+//
+// With By, it is news, not a request: the sender recorded that By (the
+// addressee) removes Peer, and still sees Peer own ranges. An addressee that
+// has no record of it lost its state while it was reclaiming Peer, and
+// takes the reclaim up again (peer_removal.go). It is not answered.
+type Remove struct {
+	Peer PeerName
+	By   PeerName
+}
 
 // RemoveAck acknowledges a Remove with the acknowledger's ring and the
 // members of its barrier (the peers it knows share the ring, not removed):
@@ -171,6 +184,9 @@ func EncodeMsg(m Msg) []byte {
 		b = binary.AppendUvarint(b, m.ID)
 	case *Remove:
 		b = appendName(b, m.Peer)
+		if m.By != "" {
+			b = appendName(append(b, removeExtVersion), m.By)
+		}
 	case *Withdraw:
 		b = appendName(b, m.Peer)
 	case *WithdrawAck:
@@ -242,7 +258,16 @@ func DecodeMsg(data []byte) (Msg, error) {
 	case kindDenial:
 		m = &Denial{ID: d.uvarint()}
 	case kindRemove:
-		m = &Remove{Peer: d.name()}
+		rm := &Remove{Peer: d.name()}
+		if d.err == nil && len(d.b) > 0 {
+			switch v := d.fixed(1)[0]; v {
+			case removeExtVersion:
+				rm.By = d.name()
+			default:
+				d.fail("remove: fields of version %d, this peer reads %d (are all peers running the same weft version?)", v, removeExtVersion)
+			}
+		}
+		m = rm
 	case kindWithdraw:
 		m = &Withdraw{Peer: d.name()}
 	case kindWithdrawAck:
