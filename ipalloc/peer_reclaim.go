@@ -271,7 +271,7 @@ func (p *Peer) stepRemoveNews(from PeerName, m *Remove) {
 	if _, ok := p.withdrawing[x]; ok {
 		return // withdrawn here: the Withdraw is on its way to from
 	}
-	p.event(true, "ipalloc: %s records that this peer removes %s (weft rmpeer), which this peer had no record of: its state was lost "+
+	p.event(false, "ipalloc: %s records that this peer removes %s (weft rmpeer), which this peer had no record of: its state was lost "+
 		"while it reclaimed %s. Taking the reclaim up again (it waits for every peer that shares the ring, as a new rmpeer does)", from, x, x)
 	p.startRemoval(x)
 }

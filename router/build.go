@@ -49,6 +49,9 @@ type seams struct {
 	gossip memberlist.NodeAwareTransport
 	// meshTimings tune the mesh; zero fields take its defaults.
 	meshTimings mesh.Timings
+	// now is the IPAM's clock (the age of allocations for --gc-grace);
+	// nil: time.Now.
+	now func() time.Time
 }
 
 func build(ctx context.Context, cfg *Validated, log *slog.Logger, kernel Kernel, s seams) (_ *Node, err error) {

@@ -46,6 +46,7 @@ func (r *Router) openIPAM(ctx context.Context) error {
 	}
 	svc, err := ipalloc.NewService(ipalloc.ServiceConfig{
 		Self: ipalloc.PeerName(r.name), Universe: r.cfg.Universe, Init: init, DB: r.db, Log: r.log,
+		GCGrace: r.cfg.GCGrace, Now: r.seams.now,
 	})
 	if err != nil {
 		return err
