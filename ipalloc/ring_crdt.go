@@ -178,8 +178,11 @@ func (r *Ring) GiveAway(from, to PeerName, rg Range) error {
 }
 
 // reclaimVersionJump is how far Reclaim raises the versions of the entries
-// it takes over.
-const reclaimVersionJump = 1 << 10
+// it takes over. It is not a multiple of rejoinVersionJump (1024): a peer
+// removed while it was alive, whose own versions grow by that jump when it
+// rejoins, would otherwise meet the takeover at the same version with
+// other content (a conflict that no merge can settle).
+const reclaimVersionJump = 1<<11 + 1<<9
 
 // Reclaim hands every entry of dead to by, each with its version plus
 // reclaimVersionJump, and returns how many addresses changed hands. It is

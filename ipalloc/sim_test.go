@@ -112,6 +112,7 @@ type simPeer struct {
 	rmpeers int       // times the operator ran rmpeer of it
 
 	found        map[Key]Address // its pods' addresses after its disk was wiped, until it holds them again
+	wiped        bool            // its disk was wiped under its own name, and it has not started since
 	knowsRemoved bool            // it has received a Remove of itself
 	oddSize      int             // consensus: the size the operator wrongly gave it (0: none); fixed later
 	otherSeeds   bool            // seed list of another cluster: its ring is refused, it never allocates
@@ -278,6 +279,20 @@ func (s *sim) names() []PeerName {
 
 // start (re)starts a peer from its disk.
 func (s *sim) start(sp *simPeer) {
+	if sp.wiped {
+		// The operator's restart after a wipe takes longer than any message
+		// is in flight: what the lost process sent has arrived or is lost,
+		// and what was sent to it is lost (restarts wait for the first
+		// while they may, see restartable).
+		sp.wiped = false
+		s.net = slices.DeleteFunc(s.net, func(m simMsg) bool {
+			lost := m.from == sp.name || m.to == sp.name
+			if lost {
+				s.c.Dropped++
+			}
+			return lost
+		})
+	}
 	var known []PeerName
 	for _, q := range s.peers {
 		if q != sp && (!simFault("partialview") || q.p != nil && s.connected(sp.name, q.name) && s.connected(q.name, sp.name)) {
@@ -471,7 +486,8 @@ func (s *sim) explained(sp *simPeer, text string) bool {
 			}
 		}
 		return s.otherSeedsUp() && strings.Contains(text, "refused the ring from")
-	case strings.Contains(text, "is removing this peer"), strings.Contains(text, "refused the ring from"):
+	case strings.Contains(text, "is removing this peer"), strings.Contains(text, "refused the ring from"),
+		strings.Contains(text, "takes ranges this peer owns"):
 		// Removed while alive: its reclaimer's ring takes its ranges, at
 		// versions its live self may have used too (Ring.Reclaim).
 		return *simRmLive && sp.dead
@@ -612,7 +628,7 @@ func (s *sim) randomStep() {
 		switch {
 		case s.mayRemove(sp):
 			removable = append(removable, sp)
-		case !sp.dead && sp.p == nil:
+		case !sp.dead && sp.p == nil && s.restartable(sp):
 			crashed = append(crashed, sp)
 		}
 		if sp.dead {
@@ -827,6 +843,12 @@ func (s *sim) claimedEverywhere() bool {
 	return true
 }
 
+// restartable reports whether sp may restart now: a peer whose disk was
+// wiped waits until nothing its lost process sent is in flight.
+func (s *sim) restartable(sp *simPeer) bool {
+	return !sp.wiped || !slices.ContainsFunc(s.net, func(m simMsg) bool { return m.from == sp.name })
+}
+
 // wipe loses sp's disk. Under its own name, it comes back with its pods
 // still running (their addresses found on its bridge); under a new name,
 // its node was rebuilt: its pods are gone and the old name is dead, for
@@ -838,6 +860,7 @@ func (s *sim) wipe(sp *simPeer, rename bool) {
 	}
 	sp.disk = HardState{}
 	if !rename {
+		sp.wiped = true
 		sp.found = map[Key]Address{}
 		for k, h := range s.holder {
 			if h == sp.name && !s.waiting[k] {
@@ -845,7 +868,7 @@ func (s *sim) wipe(sp *simPeer, rename bool) {
 			}
 		}
 		s.tracef("%s lost its disk; %d pods still run on it", sp.name, len(sp.found))
-		if s.rng.IntN(2) == 0 {
+		if s.rng.IntN(2) == 0 && s.restartable(sp) {
 			s.c.Restarts++
 			s.start(sp)
 		}
