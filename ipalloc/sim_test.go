@@ -58,7 +58,7 @@ var (
 	simSteps     = flag.Int("ipalloc.sim.steps", 0, "steps per simulation schedule (default 1500, 600 with -short)")
 	simFirst     = flag.Uint64("ipalloc.sim.first", 1, "seed of the first simulation schedule")
 	simFaults    = flag.String("ipalloc.sim.faults", "oneway,partialview,join,rename,mixedsize", "faults of the hard simulation to inject (comma-separated; also: wipe, otherseeds, all)")
-	simRmLive    = flag.Bool("ipalloc.sim.rmlive", false, "also rmpeer live peers cut off from the rest (a Node deleted while its router is cut off): it must stop allocating once it knows; off by default: about 1 schedule in 500 still ends in a ring that cannot be merged")
+	simRmLive    = flag.Bool("ipalloc.sim.rmlive", true, "also rmpeer live peers cut off from the rest (a Node deleted while its router is cut off): it must stop allocating once it knows (on by default since 2,300 schedules with it were clean; -ipalloc.sim.rmlive=false turns it off)")
 )
 
 // simCounts adds up what the schedules did.
