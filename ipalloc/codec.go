@@ -19,6 +19,8 @@ import (
 //	ballot   = round(uvarint) name
 //	paxos    = ballot accepted-ballot(round 0 and no name: none) nvalue(uvarint) name* [ext]
 //	ext      = ext-version(1 byte, 1) size(uvarint, 1..10000)
+//	remove   = name [by-version(1 byte, 1) name]
+//	rmack    = name ring [members-version(1 byte, 1) nmembers(uvarint) name*]
 //
 // A Paxos message without ext comes from a peer that predates it (its
 // consensus size is not known, and not checked); an ext-version above 1
@@ -31,6 +33,15 @@ const wireFormat = 1
 
 // paxosExtVersion is the version of the fields that follow a Paxos value.
 const paxosExtVersion = 1
+
+// removeExtVersion is the version of the field that follows a Remove's
+// peer (By).
+const removeExtVersion = 1
+
+// removeAckExtVersion is the version of the fields that follow a
+// RemoveAck's ring (its members). A RemoveAck without them comes from a
+// peer that predates them: the reclaimer learns no members from it.
+const removeAckExtVersion = 1
 
 // msgKind is the second byte of every message.
 type msgKind byte
@@ -81,12 +92,24 @@ type Denial struct{ ID uint64 }
 
 // Remove tells a peer that Peer is gone for good (weft rmpeer): from now on
 // it must ignore every message from Peer, and answer with a RemoveAck.
-type Remove struct{ Peer PeerName }
-
-// RemoveAck acknowledges a Remove with the acknowledger's ring.
-type RemoveAck struct {
+//
+// With By, it is news, not a request: the sender recorded that By (the
+// addressee) removes Peer, and still sees Peer own ranges. An addressee that
+// has no record of it lost its state while it was reclaiming Peer, and
+// takes the reclaim up again (peer_removal.go). It is not answered.
+type Remove struct {
 	Peer PeerName
-	Ring *Ring
+	By   PeerName
+}
+
+// RemoveAck acknowledges a Remove with the acknowledger's ring and the
+// members of its barrier (the peers it knows share the ring, not removed):
+// the reclaimer waits for those too (peer_removal.go), since one of them
+// may hold a change of Peer's that neither of them has seen.
+type RemoveAck struct {
+	Peer    PeerName
+	Ring    *Ring
+	Members []PeerName
 }
 
 // Handover gives a peer every range of a peer that leaves the cluster
@@ -161,6 +184,9 @@ func EncodeMsg(m Msg) []byte {
 		b = binary.AppendUvarint(b, m.ID)
 	case *Remove:
 		b = appendName(b, m.Peer)
+		if m.By != "" {
+			b = appendName(append(b, removeExtVersion), m.By)
+		}
 	case *Withdraw:
 		b = appendName(b, m.Peer)
 	case *WithdrawAck:
@@ -168,6 +194,13 @@ func EncodeMsg(m Msg) []byte {
 	case *RemoveAck:
 		b = appendName(b, m.Peer)
 		b = appendRing(b, m.Ring)
+		if len(m.Members) > 0 {
+			b = append(b, removeAckExtVersion)
+			b = binary.AppendUvarint(b, uint64(len(m.Members)))
+			for _, q := range m.Members {
+				b = appendName(b, q)
+			}
+		}
 	case *Handover:
 		b = binary.AppendUvarint(b, m.ID)
 		b = appendRing(b, m.Ring)
@@ -225,7 +258,16 @@ func DecodeMsg(data []byte) (Msg, error) {
 	case kindDenial:
 		m = &Denial{ID: d.uvarint()}
 	case kindRemove:
-		m = &Remove{Peer: d.name()}
+		rm := &Remove{Peer: d.name()}
+		if d.err == nil && len(d.b) > 0 {
+			switch v := d.fixed(1)[0]; v {
+			case removeExtVersion:
+				rm.By = d.name()
+			default:
+				d.fail("remove: fields of version %d, this peer reads %d (are all peers running the same weft version?)", v, removeExtVersion)
+			}
+		}
+		m = rm
 	case kindWithdraw:
 		m = &Withdraw{Peer: d.name()}
 	case kindWithdrawAck:
@@ -233,6 +275,17 @@ func DecodeMsg(data []byte) (Msg, error) {
 	case kindRemoveAck:
 		am := &RemoveAck{Peer: d.name()}
 		am.Ring = d.ring()
+		if d.err == nil && len(d.b) > 0 {
+			switch v := d.fixed(1)[0]; v {
+			case removeAckExtVersion:
+				n := d.count(maxWireEntries, 2)
+				for i := 0; i < n && d.err == nil; i++ {
+					am.Members = append(am.Members, d.name())
+				}
+			default:
+				d.fail("remove ack: fields of version %d, this peer reads %d (are all peers running the same weft version?)", v, removeAckExtVersion)
+			}
+		}
 		m = am
 	case kindHandover:
 		hm := &Handover{ID: d.uvarint()}

@@ -35,7 +35,9 @@ func testMsgs(t testing.TB) []Msg {
 		&Donation{ID: 42, Ring: r},
 		&Denial{ID: 1},
 		&Remove{Peer: "node-c"},
+		&Remove{Peer: "node-c", By: "node-a"},
 		&RemoveAck{Peer: "node-c", Ring: r},
+		&RemoveAck{Peer: "node-c", Ring: r, Members: []PeerName{"node-b", "node-d"}},
 		&Handover{ID: 9, Ring: r},
 		&HandoverAck{ID: 9},
 		&HandoverAck{ID: 9, Heir: "node-b"},
@@ -83,6 +85,11 @@ func TestCodecRefuses(t *testing.T) {
 		{"invalid ring", EncodeMsg(&RingMsg{Ring: badRing}), "more than the range's"},
 		{"paxos without ballot", []byte{wireFormat, byte(kindPrepare), 0, 0, 0}, "no ballot"},
 		{"paxos unsorted value", EncodeMsg(&PaxosMsg{Type: Accept, Ballot: Ballot{1, "a"}, Value: []PeerName{"b", "a"}}), "not sorted"},
+		{"remove of a newer weft", append(EncodeMsg(&Remove{Peer: "c"}), 2, 1, 'a'), "fields of version 2"},
+		{"remove by a bad name", EncodeMsg(&Remove{Peer: "c", By: "a b"}), "printable ASCII"},
+		{"remove ack members of a newer weft", append(EncodeMsg(&RemoveAck{Peer: "c", Ring: testRing(t)}), 2, 0), "fields of version 2"},
+		{"remove ack bad member", EncodeMsg(&RemoveAck{Peer: "c", Ring: testRing(t), Members: []PeerName{"a b"}}), "printable ASCII"},
+		{"remove ack huge member count", append(EncodeMsg(&RemoveAck{Peer: "c", Ring: testRing(t)}), removeAckExtVersion, 0xff, 0x7f), "more than the message can hold"},
 		{"overlong number", []byte{wireFormat, byte(kindDenial), 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}, "overlong"},
 	} {
 		_, err := DecodeMsg(tt.data)

@@ -48,6 +48,7 @@ type Peer struct {
 	reclaimed    map[PeerName]bool              // reclaims of this peer's that took over (on disk): no withdrawal any more
 	withdrawing  map[PeerName]map[PeerName]bool // removals withdrawn -> the peers that acknowledged
 	told         map[PeerName]int64             // removed peers heard from -> when they were told (ticks)
+	toldBy       map[PeerName]int64             // removed peers whose reclaimer was reminded -> when (ticks)
 
 	// Reclaims this peer runs: acks from live peers per removed peer.
 	acks        map[PeerName]map[PeerName]bool
@@ -674,6 +675,7 @@ func (p *Peer) Step(from PeerName, m Msg) error {
 	default:
 		return fmt.Errorf("%w: unexpected %T", ErrBadMessage, m)
 	}
+	p.remindReclaimer(from, m)
 	switch {
 	case err == nil && ring != nil && !ring.Empty() && !p.a.ring.Empty():
 		p.ringPeers[from] = true

@@ -16,7 +16,10 @@ import (
 //     every peer that shares it as far as this one ever learned, on disk)
 //     that is not removed itself.
 //  2. A peer that gets Remove{X} records it (on disk), from then on refuses
-//     every message from X, and answers RemoveAck with its ring.
+//     every message from X, and answers RemoveAck with its ring and the
+//     members it knows. A member this peer did not know joins the barrier
+//     (it may hold a change of X's that neither has seen: a peer that came
+//     back under a new name knows only the peers it reached).
 //  3. Once every such member has answered, this peer has merged every change
 //     of X's that any live peer holds, and no live peer will take another
 //     one. Only then does it take over X's entries that are left, each at
@@ -105,6 +108,10 @@ func (p *Peer) sendRemoves(x PeerName) {
 
 func (p *Peer) stepRemove(from PeerName, m *Remove) {
 	x := m.Peer
+	if m.By != "" {
+		p.stepRemoveNews(from, m)
+		return
+	}
 	if x == p.cfg.Self && p.leave != nil {
 		p.event(false, "ipalloc: %s is removing this peer, which has left the cluster", from)
 		return
@@ -128,7 +135,7 @@ func (p *Peer) stepRemove(from PeerName, m *Remove) {
 		p.removed[x] = from
 		p.removedDirty = true
 	}
-	p.send(from, &RemoveAck{Peer: x, Ring: p.a.Ring()})
+	p.send(from, &RemoveAck{Peer: x, Ring: p.a.Ring(), Members: p.barrier(x)})
 	// x no longer counts as live: a reclaim that waited for it may go on.
 	p.completeReclaims()
 }
@@ -143,10 +150,23 @@ func (p *Peer) stepRemoveAck(from PeerName, m *RemoveAck) error {
 		}
 		return nil
 	}
+	for _, q := range m.Members {
+		if err := ValidatePeerName(q); err != nil {
+			return fmt.Errorf("ipalloc: remove ack from %s: member %w", from, err)
+		}
+	}
 	if err := p.mergeRing(m.Ring, string(from)); err != nil {
 		return err // not counted: this peer does not have what from knows
 	}
 	acked[from] = true
+	// The barrier grows by the members from knows and this peer did not:
+	// one of them may hold a change of m.Peer's that neither has seen (a
+	// peer that joined under a new name knows only the peers it reached).
+	for _, q := range m.Members {
+		if q != m.Peer {
+			_ = p.AddMember(q) // validated above
+		}
+	}
 	p.completeReclaims()
 	return nil
 }
@@ -205,4 +225,53 @@ func (p *Peer) completeReclaims() {
 		p.holdFound()
 		p.serve()
 	}
+}
+
+// remindReclaimer tells from, a peer that this one records as removing x
+// while x still owns ranges here (its reclaim is open, as far as this peer
+// knows), that it does, at most once every Timing.RemoveRetry ticks for
+// each x: if from lost its state meanwhile, it forgot the reclaim, and
+// without the reminder it would wait for x forever (a peer that starts
+// without state waits to hear from every owner of its ring) while every
+// other peer refuses x's messages (reliability.md, finding 2).
+func (p *Peer) remindReclaimer(from PeerName, m Msg) {
+	for x, by := range p.removed {
+		if by != from || x == p.cfg.Self || !slices.Contains(p.a.ring.Peers(), x) {
+			continue
+		}
+		if rm, ok := m.(*Remove); ok && rm.Peer == x {
+			continue // from asks for it: it has the record
+		}
+		if at, ok := p.toldBy[x]; ok && p.now-at < int64(p.cfg.Timing.RemoveRetry) {
+			continue
+		}
+		if p.toldBy == nil || len(p.toldBy) > 1000 {
+			p.toldBy = map[PeerName]int64{}
+		}
+		p.toldBy[x] = p.now
+		p.send(from, &Remove{Peer: x, By: from})
+	}
+}
+
+// stepRemoveNews handles a reminder (Remove with By): from records that
+// m.By removes m.Peer. If m.By is this peer and it has no record of it,
+// it lost its state while it reclaimed m.Peer (a wiped disk, restarted
+// under the same name): it takes the reclaim up again, as if the operator
+// ran rmpeer once more, with a new barrier (nothing is taken over before
+// every member it knows now has stopped listening to m.Peer). That also
+// ends the wait of its rejoin for m.Peer, which is gone.
+func (p *Peer) stepRemoveNews(from PeerName, m *Remove) {
+	x := m.Peer
+	if m.By != p.cfg.Self || x == p.cfg.Self || p.leave != nil || p.removedErr() != nil {
+		return
+	}
+	if _, ok := p.removed[x]; ok {
+		return // this peer's record stands (its own, or another's that goes first)
+	}
+	if _, ok := p.withdrawing[x]; ok {
+		return // withdrawn here: the Withdraw is on its way to from
+	}
+	p.event(false, "ipalloc: %s records that this peer removes %s (weft rmpeer), which this peer had no record of: its state was lost "+
+		"while it reclaimed %s. Taking the reclaim up again (it waits for every peer that shares the ring, as a new rmpeer does)", from, x, x)
+	p.startRemoval(x)
 }

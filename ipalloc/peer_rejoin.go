@@ -129,5 +129,6 @@ func (p *Peer) rejoinStatus() string {
 	if len(w) == 0 {
 		return ""
 	}
-	return fmt.Sprintf("started without state: waiting to hear from every other owner of the ring (%s) before allocating", strings.Join(names(w), ", "))
+	return fmt.Sprintf("started without state: waiting to hear from every other owner of the ring (%s) before allocating; "+
+		"if one of them is gone for good, run 'weft rmpeer NAME' for it on this node", strings.Join(names(w), ", "))
 }

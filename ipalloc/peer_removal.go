@@ -68,8 +68,9 @@ type ReclaimingError struct {
 }
 
 func (e *ReclaimingError) Error() string {
-	return fmt.Sprintf("rmpeer %s: %s is taking over its ranges already (if %s is gone too, rmpeer it first; then rmpeer %s again to take the job over)",
-		e.Peer, e.By, e.By, e.Peer)
+	return fmt.Sprintf("rmpeer %s: %s is taking over its ranges already (if %s is gone too, rmpeer it first; then rmpeer %s again to take the job over; "+
+		"if %s lost its state, run rmpeer %s on %s)",
+		e.Peer, e.By, e.By, e.Peer, e.By, e.Peer, e.By)
 }
 
 // ErrReclaimDone is returned by Withdraw once the reclaim has taken over.

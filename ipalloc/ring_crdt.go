@@ -177,15 +177,28 @@ func (r *Ring) GiveAway(from, to PeerName, rg Range) error {
 	return nil
 }
 
-// Reclaim hands every entry of dead to by, each with its version plus one,
-// and returns how many addresses changed hands. It is the only change of an
-// entry not made by its owner: call it only for a peer that is gone for
-// good, and only once every live peer has stopped listening to it (the
-// barrier in Peer.PeerGone). Then every version of dead's entries that any
-// live peer will ever accept is already in r, so one more than it wins
-// everywhere; no bigger jump is needed, and none would help against a
-// change of dead's that nobody has seen, since its ranges may have moved to
-// a live peer that needs to keep them.
+// reclaimVersionJump is how far Reclaim raises the versions of the entries
+// it takes over. It is not a multiple of rejoinVersionJump (1024): a peer
+// removed while it was alive, whose own versions grow by that jump when it
+// rejoins, would otherwise meet the takeover at the same version with
+// other content (a conflict that no merge can settle).
+const reclaimVersionJump = 1<<11 + 1<<9
+
+// Reclaim hands every entry of dead to by, each with its version plus
+// reclaimVersionJump, and returns how many addresses changed hands. It is
+// the only change of an entry not made by its owner: call it only for a
+// peer that is gone for good, and only once every live peer has stopped
+// listening to it (the barrier in Peer.PeerGone). Then every version of
+// dead's entries that any live peer the barrier knows will ever accept is
+// already in r, and one more would win. The jump is for a peer the barrier
+// could not know (one that joined, or came back under a new name, where
+// only dead and peers cut off from the reclaimer saw it): dead may have
+// sent it free counts newer than any the reclaimer saw, which would
+// otherwise win over the takeover and give the reclaimer's new ranges back
+// to dead in every ring that merges them, and the reclaimer would refuse
+// them for good. No jump helps against a range dead gave to such a peer
+// (that peer must keep it): that is why the barrier waits for every member
+// any acknowledger knows too.
 func (r *Ring) Reclaim(dead, by PeerName) (uint64, error) {
 	if dead == by {
 		return 0, fmt.Errorf("%s cannot reclaim its own ranges", by)
@@ -195,7 +208,7 @@ func (r *Ring) Reclaim(dead, by PeerName) (uint64, error) {
 	}
 	var n uint64
 	for i := range r.Entries {
-		if r.Entries[i].Peer == dead && r.Entries[i].Version == math.MaxUint32 {
+		if r.Entries[i].Peer == dead && r.Entries[i].Version > math.MaxUint32-reclaimVersionJump {
 			return 0, fmt.Errorf("ring entry %s: version cannot grow any more", r.Entries[i].Token)
 		}
 	}
@@ -205,7 +218,7 @@ func (r *Ring) Reclaim(dead, by PeerName) (uint64, error) {
 			continue
 		}
 		e.Peer = by
-		e.Version++
+		e.Version += reclaimVersionJump
 		n += uint64(r.rangeOf(i).Size())
 	}
 	return n, nil

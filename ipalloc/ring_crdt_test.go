@@ -313,7 +313,8 @@ func TestRingReclaim(t *testing.T) {
 	if err != nil || n != 8 {
 		t.Fatalf("Reclaim = %d, %v; want 8", n, err)
 	}
-	want := []Entry{{0, "a", 1, 0}, {4, "b", 2, 0}, {8, "b", 1, 0}, {12, "b", 2, 0}}
+	j := uint32(1 + reclaimVersionJump)
+	want := []Entry{{0, "a", 1, 0}, {4, "b", j, 0}, {8, "b", 1, 0}, {12, "b", j, 0}}
 	if !slices.Equal(r.Entries, want) {
 		t.Fatalf("after Reclaim: %v", r.Entries)
 	}

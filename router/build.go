@@ -56,6 +56,9 @@ type seams struct {
 	// kubeResync is how often the reclaim pass runs besides Node
 	// deletions; zero: kube.DefaultResync.
 	kubeResync time.Duration
+	// now is the IPAM's clock (the age of allocations for --gc-grace);
+	// nil: time.Now.
+	now func() time.Time
 }
 
 func build(ctx context.Context, cfg *Validated, log *slog.Logger, kernel Kernel, s seams) (_ *Node, err error) {

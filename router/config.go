@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/weft-net/weft/ipalloc"
 	"github.com/weft-net/weft/tunnel"
@@ -38,6 +39,9 @@ type Config struct {
 	CNIBinDir    string // --cni-bin-dir
 	CNIConfDir   string // --cni-conf-dir
 	LogLevel     string // --log-level
+	// GCGrace (--gc-grace): CNI GC keeps an allocation younger than this,
+	// as the runtime's list of attachments may predate its ADD; 0: none.
+	GCGrace time.Duration
 
 	// Security. The password itself is never a flag (it would show in the
 	// process list): it comes from --password-file or WEFT_PASSWORD.
@@ -74,11 +78,16 @@ func Defaults() Config {
 		CNIBinDir:    "/opt/cni/bin",
 		CNIConfDir:   "/etc/cni/net.d",
 		LogLevel:     "info",
+		GCGrace:      ipalloc.DefaultGCGrace,
 
 		KubeAddressType: "InternalIP",
 		KubeNamespace:   "kube-system",
 	}
 }
+
+// maxGCGrace bounds --gc-grace: a longer one keeps a released pod's
+// address from GC for longer than a node's pods churn.
+const maxGCGrace = time.Hour
 
 // MinPasswordLen is the shortest password accepted: the keys derived from
 // it protect every node's traffic.
@@ -179,6 +188,9 @@ func (c Config) Validate() (*Validated, error) {
 		if err != nil || !v.HostAddr.Is4() {
 			add(fmt.Errorf("invalid --host %q: give this node's IPv4 underlay address", c.Host))
 		}
+	}
+	if c.GCGrace < 0 || c.GCGrace > maxGCGrace {
+		add(fmt.Errorf("invalid --gc-grace %s: give a duration from 0s (GC collects at once) to %s; the default %s outlasts any runtime's GC", c.GCGrace, maxGCGrace, ipalloc.DefaultGCGrace))
 	}
 	add(checkPort("--port", c.Port))
 	add(checkPort("--data-port", c.DataPort))

@@ -5,6 +5,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 )
 
 func validConfig(t testing.TB) Config {
@@ -31,6 +32,8 @@ func TestValidate(t *testing.T) {
 		{"init seed empty", func(c *Config) { c.IPAllocInit = "seed=" }, "seed="},
 		{"encap", func(c *Config) { c.Encap = "vxlan" }, "--encap"},
 		{"log level", func(c *Config) { c.LogLevel = "loud" }, "--log-level"},
+		{"gc grace negative", func(c *Config) { c.GCGrace = -time.Second }, "--gc-grace"},
+		{"gc grace too long", func(c *Config) { c.GCGrace = 2 * time.Hour }, "--gc-grace"},
 		{"host", func(c *Config) { c.Host = "node1" }, "--host"},
 		{"port", func(c *Config) { c.Port = 0 }, "--port"},
 		{"mtu", func(c *Config) { c.MTU = 10 }, "--mtu"},

@@ -44,7 +44,8 @@ func (r *Router) openIPAM(ctx context.Context) error {
 	}
 	svc, err := ipalloc.NewService(ipalloc.ServiceConfig{
 		Self: ipalloc.PeerName(r.name), Universe: r.cfg.Universe, Init: init, DB: r.db, Log: r.log,
-		OnSave: r.metrics.observeSave,
+		OnSave:  r.metrics.observeSave,
+		GCGrace: r.cfg.GCGrace, Now: r.seams.now,
 	})
 	if err != nil {
 		return err

@@ -11,7 +11,9 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/weft-net/weft/api"
 )
@@ -19,6 +21,32 @@ import (
 // newTestRouter is a router with real state and allocator but no network
 // setup: the local API and status logic above the bridge seam.
 func newTestRouter(t testing.TB, rangeCIDR string) (*Router, *api.Client) {
+	t.Helper()
+	r, cl, _ := newTestRouterClock(t, rangeCIDR)
+	return r, cl
+}
+
+// testClock is a clock that moves only when the test says.
+type testClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *testClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *testClock) Add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// newTestRouterClock is newTestRouter with the default --gc-grace and the
+// IPAM's clock in the test's hands.
+func newTestRouterClock(t testing.TB, rangeCIDR string) (*Router, *api.Client, *testClock) {
 	t.Helper()
 	c := validConfig(t)
 	c.IPAllocRange = rangeCIDR
@@ -31,6 +59,8 @@ func newTestRouter(t testing.TB, rangeCIDR string) (*Router, *api.Client) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { r.db.Close() })
+	clk := &testClock{now: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)}
+	r.seams.now = clk.Now
 	r.netState = netState{host: netip.MustParseAddr("10.250.0.1"), mtu: 1440, gateway: netip.MustParsePrefix("10.32.0.1/12")}
 	if err := r.openIPAM(context.Background()); err != nil {
 		t.Fatal(err)
@@ -42,11 +72,11 @@ func newTestRouter(t testing.TB, rangeCIDR string) (*Router, *api.Client) {
 	srv := &http.Server{Handler: (&localAPI{r: r}).handler()}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
-	return r, api.NewClient(c.Socket)
+	return r, api.NewClient(c.Socket), clk
 }
 
 func TestLocalAPI(t *testing.T) {
-	r, cl := newTestRouter(t, "10.32.0.0/12")
+	r, cl, clk := newTestRouterClock(t, "10.32.0.0/12")
 	ctx := context.Background()
 	att := api.Attachment{ContainerID: "c1", IfName: "eth0"}
 
@@ -95,7 +125,16 @@ func TestLocalAPI(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	gc, err := cl.GC(ctx, []api.Attachment{{ContainerID: "k2", IfName: "eth0"}})
+	keep := []api.Attachment{{ContainerID: "k2", IfName: "eth0"}}
+	// Within --gc-grace of their ADDs (the runtime's list may predate
+	// them), GC keeps them all.
+	clk.Add(Defaults().GCGrace - time.Second)
+	gc, err := cl.GC(ctx, keep)
+	if err != nil || len(gc.Released) != 0 {
+		t.Fatalf("GC within the grace released %v, %v; want nothing", gc, err)
+	}
+	clk.Add(2 * time.Second)
+	gc, err = cl.GC(ctx, keep)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -37,6 +37,7 @@ func routerFlags(fs *flag.FlagSet, c *router.Config) {
 	fs.StringVar(&c.CNIBinDir, "cni-bin-dir", c.CNIBinDir, "where to install the CNI plugins")
 	fs.StringVar(&c.CNIConfDir, "cni-conf-dir", c.CNIConfDir, "where to write the CNI network config")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
+	fs.DurationVar(&c.GCGrace, "gc-grace", c.GCGrace, "CNI GC keeps an address allocated less than this long ago (its ADD may have raced the runtime's list of attachments); 0s: no grace")
 	fs.StringVar(&c.PasswordFile, "password-file", c.PasswordFile, "file holding the cluster's shared password (or set WEFT_PASSWORD); without one, traffic between nodes is not encrypted")
 	fs.BoolVar(&c.RequirePassword, "require-password", c.RequirePassword, "refuse to start without a password (--password-file or WEFT_PASSWORD), so that a missing Secret fails closed instead of an open mesh")
 	fs.StringVar(&c.TrustedSubnets, "trusted-subnets", c.TrustedSubnets, "comma-separated CIDRs of underlay networks whose peers get unencrypted data traffic")
