@@ -30,27 +30,9 @@ func TestChaosKube(t *testing.T) {
 	run := e2e.NewTestRun(t)
 	ctx, cancel := chaosContext(t)
 	defer cancel()
-	c, err := run.NewCluster(ctx, e2e.ClusterOpts{Nodes: chaosNodes})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := kubeapi.Start(t, kubeapi.Options{Run: run, NetNS: c.Underlay, Address: e2e.UnderlayGateway})
-	if err := srv.ApplyWeft(ctx); err != nil {
-		t.Fatal(err)
-	}
-	id, err := srv.ServiceAccount(ctx, "kube-system", "weft", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	admin, err := srv.Clientset()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range c.Nodes {
-		if _, err := srv.CreateNode(ctx, n.Name, n.UnderlayIP); err != nil {
-			t.Fatal(err)
-		}
-	}
+	tb := kubeapi.NewTestbed(t, ctx, run, chaosNodes)
+	c, srv, id := tb.Cluster, tb.Server, tb.Weft
+	admin := tb.Admin
 	// How often each peer's reclaim was logged when its Node was last
 	// deleted: deleted waits for one more.
 	// (A line with the peer, "deleted" and "reclaiming": the wording of

@@ -49,27 +49,9 @@ func TestRouterRestartWhileReclaimPending(t *testing.T) {
 	run := e2e.NewTestRun(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	c, err := run.NewCluster(ctx, e2e.ClusterOpts{Nodes: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := Start(t, Options{Run: run, NetNS: c.Underlay, Address: e2e.UnderlayGateway})
-	if err := srv.ApplyWeft(ctx); err != nil {
-		t.Fatal(err)
-	}
-	id, err := srv.ServiceAccount(ctx, "kube-system", "weft", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	admin, err := srv.Clientset()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range c.Nodes {
-		if _, err := srv.CreateNode(ctx, n.Name, n.UnderlayIP); err != nil {
-			t.Fatal(err)
-		}
-	}
+	tb := NewTestbed(t, ctx, run, 2)
+	c, id := tb.Cluster, tb.Weft
+	admin := tb.Admin
 	pw := filepath.Join(t.TempDir(), "password")
 	if err := os.WriteFile(pw, []byte("restart while a reclaim is pending\n"), 0o600); err != nil {
 		t.Fatal(err)

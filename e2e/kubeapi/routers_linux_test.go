@@ -79,29 +79,9 @@ func TestRoutersOnKubernetes(t *testing.T) {
 	run := e2e.NewTestRun(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	c, err := run.NewCluster(ctx, e2e.ClusterOpts{Nodes: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := Start(t, Options{Run: run, NetNS: c.Underlay, Address: e2e.UnderlayGateway})
-	if err := srv.ApplyWeft(ctx); err != nil {
-		t.Fatal(err)
-	}
-	id, err := srv.ServiceAccount(ctx, "kube-system", "weft", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	admin, err := srv.Clientset()
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The cluster has three nodes from the start, as a real one whose
-	// DaemonSet pods come up one by one.
-	for _, n := range c.Nodes {
-		if _, err := srv.CreateNode(ctx, n.Name, n.UnderlayIP); err != nil {
-			t.Fatal(err)
-		}
-	}
+	tb := NewTestbed(t, ctx, run, 3)
+	c, srv, id := tb.Cluster, tb.Server, tb.Weft
+	admin := tb.Admin
 	start := func(n *e2e.Node) {
 		t.Helper()
 		if _, err := n.StartRouter("--kube", "--kubeconfig", id.Kubeconfig, "--node-name", n.Name, "--kube-namespace", "kube-system"); err != nil {

@@ -51,27 +51,9 @@ func TestTakeNodeOut(t *testing.T) {
 	run := e2e.NewTestRun(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	c, err := run.NewCluster(ctx, e2e.ClusterOpts{Nodes: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := Start(t, Options{Run: run, NetNS: c.Underlay, Address: e2e.UnderlayGateway})
-	if err := srv.ApplyWeft(ctx); err != nil {
-		t.Fatal(err)
-	}
-	id, err := srv.ServiceAccount(ctx, "kube-system", "weft", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	admin, err := srv.Clientset()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range c.Nodes {
-		if _, err := srv.CreateNode(ctx, n.Name, n.UnderlayIP); err != nil {
-			t.Fatal(err)
-		}
-	}
+	tb := NewTestbed(t, ctx, run, 2)
+	c, srv, id := tb.Cluster, tb.Server, tb.Weft
+	admin := tb.Admin
 	n0, n1 := c.Nodes[0], c.Nodes[1]
 	for _, n := range c.Nodes {
 		if _, err := n.StartRouter("--kube", "--kubeconfig", id.Kubeconfig, "--node-name", n.Name, "--kube-namespace", "kube-system", "--kube-daemonset", "weft"); err != nil {
