@@ -4,11 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"slices"
-	"sync"
-	"sync/atomic"
 	"testing"
-	"time"
+
+	"github.com/weft-net/weft/internal/benchlat"
 )
 
 // BenchmarkServiceSave measures one save of the allocator's state to a real
@@ -57,34 +55,8 @@ func BenchmarkServiceAllocate20(b *testing.B) {
 	done := make(chan struct{})
 	go func() { defer close(done); svc.Run(ctx, nil) }()
 	b.Cleanup(func() { cancel(); <-done })
-	lat := make([]time.Duration, b.N)
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	b.ResetTimer()
-	for range callers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := next.Add(1) - 1
-				if i >= int64(b.N) {
-					return
-				}
-				start := time.Now()
-				_, _, err := svc.Allocate(ctx, Key{ContainerID: fmt.Sprintf("b-%d", i), IfName: "eth0"}, Meta{PodName: "p"})
-				lat[i] = time.Since(start)
-				if err != nil {
-					b.Error(err)
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	b.StopTimer()
-	slices.Sort(lat)
-	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-	b.ReportMetric(ms(lat[len(lat)/2]), "p50-ms")
-	b.ReportMetric(ms(lat[(len(lat)*99)/100]), "p99-ms")
-	b.ReportMetric(ms(lat[len(lat)-1]), "max-ms")
+	benchlat.Concurrent(b, callers, "allocs", func(i int) error {
+		_, _, err := svc.Allocate(ctx, Key{ContainerID: fmt.Sprintf("b-%d", i), IfName: "eth0"}, Meta{PodName: "p"})
+		return err
+	})
 }

@@ -5,13 +5,11 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	"slices"
-	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/weft-net/weft/api"
+	"github.com/weft-net/weft/internal/benchlat"
 )
 
 // BenchmarkLocalAPIAllocate measures allocations per second through the
@@ -73,38 +71,11 @@ func BenchmarkLocalAPIAllocate20(b *testing.B) {
 	go func() { defer close(done); r.ipam.Run(ctx, nil) }()
 	b.Cleanup(func() { cancel(); <-done })
 
-	lat := make([]time.Duration, b.N)
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	b.ResetTimer()
-	for range clients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := next.Add(1) - 1
-				if i >= int64(b.N) {
-					return
-				}
-				att := api.Attachment{ContainerID: fmt.Sprintf("bench-%d", i), IfName: "eth0"}
-				start := time.Now()
-				_, err := cl.Allocate(ctx, api.AllocateRequest{Attachment: att, PodNamespace: "default", PodName: att.ContainerID})
-				lat[i] = time.Since(start)
-				if err != nil {
-					b.Error(err)
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	b.StopTimer()
-	slices.Sort(lat)
-	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-	b.ReportMetric(ms(lat[len(lat)/2]), "p50-ms")
-	b.ReportMetric(ms(lat[(len(lat)*99)/100]), "p99-ms")
-	b.ReportMetric(ms(lat[len(lat)-1]), "max-ms")
-	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "allocs/s")
+	benchlat.Concurrent(b, clients, "allocs", func(i int) error {
+		att := api.Attachment{ContainerID: fmt.Sprintf("bench-%d", i), IfName: "eth0"}
+		_, err := cl.Allocate(ctx, api.AllocateRequest{Attachment: att, PodNamespace: "default", PodName: att.ContainerID})
+		return err
+	})
 }
 
 // BenchmarkLocalAPIAddDel runs pod ADD/DEL cycles through the local API
