@@ -121,7 +121,7 @@ type Service struct {
 	inbox   chan inbound         // to the loop: gossip, which does not wait
 	dropped atomic.Uint64        // inbound dropped on a full inbox
 	saves   atomic.Uint64        // transactions committed
-	calling atomic.Int64         // callers waiting for the loop to take their request
+	calling atomic.Int64         // callers waiting for the loop to take their request (TestServiceLoopOneSavePerStep waits on it)
 	saved   atomic.Pointer[Ring] // the ring on disk: the only one offered in a full-state exchange
 
 	running atomic.Bool   // Run's loop takes the steps (set under mu)
