@@ -356,20 +356,19 @@ func podSources(held []ipalloc.Held) (want []bridge.PodSource, reclaimed map[net
 	reclaimed = map[netip.Addr]bool{}
 	for _, h := range held {
 		k, addr := h.Key, h.Address.Addr()
-		switch {
-		case k.Reclaimed():
+		if k.Reclaimed() {
 			reclaimed[addr] = true
-		case k.Internal():
-		default:
-			want = append(want, bridge.PodSource{Veth: cni.HostVethName(k.ContainerID, k.IfName), Addr: addr})
+		} else if p, ok := podSource(k, addr); ok {
+			want = append(want, p)
 		}
 	}
 	return want, reclaimed
 }
 
 // syncPodSources makes the guard's pods set what the allocator holds:
-// called before the local API answers an ADD (the pod may send from then
-// on), after a release or GC, and on every resync. Before the bridge is
+// called after GC, after the release of an address re-claimed from the
+// bridge (whose veth is unknown), and on every resync; an ADD and a plain
+// DEL change only their own entry (allowPodSource, withdrawPodSource). Before the bridge is
 // ensured it does nothing (the bridge's Ensure is followed by syncGuard).
 func (r *Router) syncPodSources() error {
 	g := &r.guard
