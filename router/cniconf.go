@@ -3,6 +3,7 @@ package router
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -136,4 +137,19 @@ func writeIfChanged(path string, data []byte, mode os.FileMode) (bool, error) {
 		return false, err
 	}
 	return true, os.Rename(tmp.Name(), path)
+}
+
+// removeConfList removes the conflist from confDir, so that the runtime
+// attaches no more pods through weft and the node turns NotReady. It says
+// whether there was one; none is no error.
+func removeConfList(confDir string) (removed bool, path string, err error) {
+	path = filepath.Join(confDir, ConfListName)
+	switch err := os.Remove(path); {
+	case err == nil:
+		return true, path, nil
+	case errors.Is(err, os.ErrNotExist):
+		return false, path, nil
+	default:
+		return false, path, fmt.Errorf("removing the CNI config %s: %w", path, err)
+	}
 }

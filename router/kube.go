@@ -7,8 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -319,9 +317,8 @@ func (r *Router) takeOut() {
 	defer cancel()
 	res, err := r.ipam.Leave(ctx, func(p ipalloc.PeerName) bool { return alive[p] }, true)
 	r.setReady(false, "node marked "+kube.ResetLabel+": leaving the cluster")
-	conf := filepath.Join(r.cfg.CNIConfDir, ConfListName)
-	if rerr := os.Remove(conf); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
-		r.log.Error("kubernetes: removing the CNI config", "path", conf, "err", rerr)
+	if _, _, rerr := removeConfList(r.cfg.CNIConfDir); rerr != nil {
+		r.log.Error("kubernetes: could not remove the CNI config", "err", rerr)
 	}
 	if err != nil {
 		r.log.Error("kubernetes: could not hand this peer's ranges over; the CNI config is removed (the node is NotReady), "+
@@ -339,14 +336,13 @@ func (r *Router) takeOut() {
 // them, and a reinstall adopts them.
 func (r *Router) removeCNIConfigOnStop() {
 	r.setReady(false, "weft's DaemonSet was deleted")
-	conf := filepath.Join(r.cfg.CNIConfDir, ConfListName)
-	err := os.Remove(conf)
+	removed, conf, err := removeConfList(r.cfg.CNIConfDir)
 	switch {
-	case err == nil:
+	case err != nil:
+		r.log.Error("kubernetes: could not remove the CNI config", "err", err)
+	case removed:
 		r.log.Info("kubernetes: weft's DaemonSet was deleted: removed the CNI config; the node is NotReady until a pod network is installed "+
 			"(deploy/uninstall cleans the rest)", "path", conf)
-	case !errors.Is(err, os.ErrNotExist):
-		r.log.Error("kubernetes: removing the CNI config", "path", conf, "err", err)
 	}
 }
 

@@ -335,9 +335,8 @@ func (l *localAPI) reset(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	l.r.setReady(false, "left the cluster (weft reset); tearing down")
-	conf := filepath.Join(l.r.cfg.CNIConfDir, ConfListName)
-	if err := os.Remove(conf); err != nil && !errors.Is(err, os.ErrNotExist) {
-		l.r.log.Error("weft reset: removing the CNI config", "path", conf, "err", err)
+	if _, _, err := removeConfList(l.r.cfg.CNIConfDir); err != nil {
+		l.r.log.Error("weft reset: could not remove the CNI config", "err", err)
 	}
 	resp := api.ResetResponse{Heir: string(res.Heir), HeirNickname: l.r.nickname(string(res.Heir)), Addresses: res.Size, Dropped: len(res.Dropped)}
 	var msg strings.Builder

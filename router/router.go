@@ -139,9 +139,8 @@ func (r *Router) requestReset() {
 // Pods' veths lose their bridge; the CNI plugin binaries stay.
 func (r *Router) teardown() error {
 	var errs []error
-	conf := filepath.Join(r.cfg.CNIConfDir, ConfListName)
-	if err := os.Remove(conf); err != nil && !errors.Is(err, os.ErrNotExist) {
-		errs = append(errs, fmt.Errorf("weft reset: removing %s: %w", conf, err))
+	if _, _, err := removeConfList(r.cfg.CNIConfDir); err != nil {
+		errs = append(errs, fmt.Errorf("weft reset: %w", err))
 	}
 	if err := r.kernel.Teardown(r.cfg.Bridge, r.log); err != nil {
 		errs = append(errs, fmt.Errorf("weft reset: %w", err))

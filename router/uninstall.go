@@ -43,12 +43,11 @@ func Uninstall(cfg UninstallConfig, log *slog.Logger) error {
 		db.Close()
 	}
 	var errs []error
-	conf := filepath.Join(cfg.CNIConfDir, ConfListName)
-	switch err := os.Remove(conf); {
-	case err == nil:
+	switch removed, conf, err := removeConfList(cfg.CNIConfDir); {
+	case err != nil:
+		errs = append(errs, fmt.Errorf("uninstall: %w", err))
+	case removed:
 		log.Info("uninstall: removed the CNI config; the node is NotReady until another network is installed", "path", conf)
-	case !errors.Is(err, os.ErrNotExist):
-		errs = append(errs, fmt.Errorf("uninstall: removing %s: %w", conf, err))
 	}
 	if err := cfg.Kernel.Teardown(cfg.Bridge, log); err != nil {
 		errs = append(errs, fmt.Errorf("uninstall: %w", err))
