@@ -1,13 +1,11 @@
 package kubeapi
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -40,16 +38,7 @@ func sinceLastStart(t *testing.T, path string) string {
 // allocator were made, so the restarted router either panicked (no
 // allocator) or took the live peer's ranges (no mesh, every peer dead).
 func TestRouterRestartWhileReclaimPending(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("kubeapi: needs root to make network namespaces")
-	}
-	if testing.Short() {
-		t.Skip("kubeapi: skipped in -short mode")
-	}
-	run := e2e.NewTestRun(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	tb := NewTestbed(t, ctx, run, 2)
+	ctx, tb := testbed(t, 2)
 	c, id := tb.Cluster, tb.Weft
 	admin := tb.Admin
 	pw := filepath.Join(t.TempDir(), "password")

@@ -70,16 +70,7 @@ func countInFile(t *testing.T, path, s string) int {
 // carry pod traffic, and when a Node is deleted exactly one live router
 // takes its ranges over.
 func TestRoutersOnKubernetes(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("kubeapi: needs root to make network namespaces")
-	}
-	if testing.Short() {
-		t.Skip("kubeapi: skipped in -short mode")
-	}
-	run := e2e.NewTestRun(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	tb := NewTestbed(t, ctx, run, 3)
+	ctx, tb := testbed(t, 3)
 	c, srv, id := tb.Cluster, tb.Server, tb.Weft
 	admin := tb.Admin
 	start := func(n *e2e.Node) {

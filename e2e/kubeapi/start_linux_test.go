@@ -2,7 +2,6 @@ package kubeapi
 
 import (
 	"bufio"
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -76,16 +75,7 @@ func errorLines(t *testing.T, path string) []string {
 // soon as the node list names the other (measured from the router's start),
 // claim the ring, and log no ERROR line, at the start nor at the stop.
 func TestFreshStartOnKubernetes(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("kubeapi: needs root to make network namespaces")
-	}
-	if testing.Short() {
-		t.Skip("kubeapi: skipped in -short mode")
-	}
-	run := e2e.NewTestRun(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	tb := NewTestbed(t, ctx, run, 2)
+	ctx, tb := testbed(t, 2)
 	c, srv, id := tb.Cluster, tb.Server, tb.Weft
 	n0, n1 := c.Nodes[0], c.Nodes[1]
 

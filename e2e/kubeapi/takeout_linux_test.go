@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -42,16 +41,7 @@ func nodeClean(ctx context.Context, n *e2e.Node) error {
 // deploy/) removes the CNI config; then `weft reset --force` (what
 // deploy/uninstall runs on every node) cleans the node.
 func TestTakeNodeOut(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("kubeapi: needs root to make network namespaces")
-	}
-	if testing.Short() {
-		t.Skip("kubeapi: skipped in -short mode")
-	}
-	run := e2e.NewTestRun(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	tb := NewTestbed(t, ctx, run, 2)
+	ctx, tb := testbed(t, 2)
 	c, srv, id := tb.Cluster, tb.Server, tb.Weft
 	admin := tb.Admin
 	n0, n1 := c.Nodes[0], c.Nodes[1]
