@@ -62,12 +62,13 @@ const (
 	kindHandoverAck
 	kindWithdraw
 	kindWithdrawAck
+	kindAskRemoved
 	kindEnd // one past the last
 )
 
 // Msg is a message between the IPAM cores of two peers: one of *RingMsg,
 // *PaxosMsg, *DonateRequest, *Donation, *Denial, *Remove, *RemoveAck,
-// *Handover, *HandoverAck, *Withdraw, *WithdrawAck.
+// *Handover, *HandoverAck, *Withdraw, *WithdrawAck, *AskRemoved.
 type Msg interface {
 	kind() msgKind
 }
@@ -93,10 +94,12 @@ type Denial struct{ ID uint64 }
 // Remove tells a peer that Peer is gone for good (weft rmpeer): from now on
 // it must ignore every message from Peer, and answer with a RemoveAck.
 //
-// With By, it is news, not a request: the sender recorded that By (the
-// addressee) removes Peer, and still sees Peer own ranges. An addressee that
-// has no record of it lost its state while it was reclaiming Peer, and
-// takes the reclaim up again (peer_removal.go). It is not answered.
+// With By, it is news, not a request: the sender records that By removes
+// Peer. Sent to By (a reminder: the sender still sees Peer own ranges), an
+// addressee that has no record of it lost its state while it was
+// reclaiming Peer, and takes the reclaim up again. Sent to another peer
+// (the answer to its AskRemoved), an addressee without a record learns the
+// removal and acknowledges it to By (peer_removal.go). It is not answered.
 type Remove struct {
 	Peer PeerName
 	By   PeerName
@@ -137,6 +140,15 @@ type Withdraw struct{ Peer PeerName }
 // WithdrawAck acknowledges a Withdraw.
 type WithdrawAck struct{ Peer PeerName }
 
+// AskRemoved asks a peer which of Peers it records as removed: a peer
+// waits for them (a reclaim's barrier, or the hold of a peer that started
+// without state), and a removal that reached it before it lost its state,
+// or that it was never told, would hold it forever. Answered with a
+// Remove{Peer, By} for each one the addressee records as removed, nothing
+// for the others.
+type AskRemoved struct{ Peers []PeerName }
+
+func (*AskRemoved) kind() msgKind  { return kindAskRemoved }
 func (*Withdraw) kind() msgKind    { return kindWithdraw }
 func (*WithdrawAck) kind() msgKind { return kindWithdrawAck }
 
@@ -191,6 +203,11 @@ func EncodeMsg(m Msg) []byte {
 		b = appendName(b, m.Peer)
 	case *WithdrawAck:
 		b = appendName(b, m.Peer)
+	case *AskRemoved:
+		b = binary.AppendUvarint(b, uint64(len(m.Peers)))
+		for _, q := range m.Peers {
+			b = appendName(b, q)
+		}
 	case *RemoveAck:
 		b = appendName(b, m.Peer)
 		b = appendRing(b, m.Ring)
@@ -272,6 +289,13 @@ func DecodeMsg(data []byte) (Msg, error) {
 		m = &Withdraw{Peer: d.name()}
 	case kindWithdrawAck:
 		m = &WithdrawAck{Peer: d.name()}
+	case kindAskRemoved:
+		am := &AskRemoved{}
+		n := d.count(maxWireValue, 2)
+		for i := 0; i < n && d.err == nil; i++ {
+			am.Peers = append(am.Peers, d.name())
+		}
+		m = am
 	case kindRemoveAck:
 		am := &RemoveAck{Peer: d.name()}
 		am.Ring = d.ring()

@@ -41,6 +41,7 @@ func testMsgs(t testing.TB) []Msg {
 		&Handover{ID: 9, Ring: r},
 		&HandoverAck{ID: 9},
 		&HandoverAck{ID: 9, Heir: "node-b"},
+		&AskRemoved{Peers: []PeerName{"node-c", "node-d"}},
 	}
 }
 

@@ -672,6 +672,8 @@ func (p *Peer) Step(from PeerName, m Msg) error {
 		p.stepWithdraw(from, m)
 	case *WithdrawAck:
 		p.stepWithdrawAck(from, m)
+	case *AskRemoved:
+		p.stepAskRemoved(from, m)
 	default:
 		return fmt.Errorf("%w: unexpected %T", ErrBadMessage, m)
 	}
@@ -772,6 +774,7 @@ func (p *Peer) Tick() {
 			p.sendRemoves(x)
 		}
 		p.tickWithdraws()
+		p.askRemoved()
 	}
 	if p.freeGossip && p.now%int64(p.cfg.Timing.GossipEvery) == 0 {
 		p.broadcast = true

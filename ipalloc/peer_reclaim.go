@@ -253,8 +253,9 @@ func (p *Peer) remindReclaimer(from PeerName, m Msg) {
 	}
 }
 
-// stepRemoveNews handles a reminder (Remove with By): from records that
-// m.By removes m.Peer. If m.By is this peer and it has no record of it,
+// stepRemoveNews handles news (Remove with By): from records that m.By
+// removes m.Peer. Sent to another peer than m.By, it answers an AskRemoved
+// (learnRemoval, in peer_removal.go). If m.By is this peer and it has no record of it,
 // it lost its state while it reclaimed m.Peer (a wiped disk, restarted
 // under the same name): it takes the reclaim up again, as if the operator
 // ran rmpeer once more, with a new barrier (nothing is taken over before
@@ -262,7 +263,11 @@ func (p *Peer) remindReclaimer(from PeerName, m Msg) {
 // ends the wait of its rejoin for m.Peer, which is gone.
 func (p *Peer) stepRemoveNews(from PeerName, m *Remove) {
 	x := m.Peer
-	if m.By != p.cfg.Self || x == p.cfg.Self || p.leave != nil || p.removedErr() != nil {
+	if m.By != p.cfg.Self {
+		p.learnRemoval(from, x, m.By)
+		return
+	}
+	if x == p.cfg.Self || p.leave != nil || p.removedErr() != nil {
 		return
 	}
 	if _, ok := p.removed[x]; ok {

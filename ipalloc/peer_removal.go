@@ -223,6 +223,8 @@ func (p *Peer) stepRemovedSelf(from PeerName, m Msg) error {
 		p.stepHandoverAck(from, m)
 	case *PaxosMsg:
 		return p.stepPaxos(from, m)
+	case *AskRemoved:
+		p.stepAskRemoved(from, m)
 	}
 	return nil
 }
@@ -341,4 +343,95 @@ func (p *Peer) stepWithdrawAck(from PeerName, m *WithdrawAck) {
 	}
 	delete(p.withdrawing, m.Peer)
 	p.removedDirty = true
+}
+
+// Asking who is removed. Only a reclaimer tells the members of its barrier
+// that it removes X, and only while that barrier is open. A peer that
+// learned of X afterwards, without the removal (it started without state
+// under its old name, so its barrier holds an old acknowledgement of the
+// peer that is now forgetful; or X still owned ranges in a ring it merged
+// before the takeover), would wait for X forever: in every reclaim's
+// barrier, and in the hold of a start without state. So every
+// Timing.RemoveRetry ticks while it waits for anyone, a peer asks the live
+// members it does not wait for which of those are removed (AskRemoved);
+// each answers with the removals it records (Remove with By). A peer that
+// learns a removal this way records it as if the reclaimer had told it,
+// and acknowledges it to the reclaimer: a reclaimer that has withdrawn the
+// removal since answers that acknowledgement with a Withdraw (stepRemoveAck),
+// so what it learned is called off as it would be for any member.
+
+// waited lists the peers this peer waits for: the members of its open
+// barriers that have not acknowledged, and those its rejoin holds for.
+func (p *Peer) waited() []PeerName {
+	w := map[PeerName]bool{}
+	for _, q := range p.rejoinWaits() {
+		w[q] = true
+	}
+	for x := range p.acks {
+		if p.removed[x] == p.cfg.Self && !p.reclaimed[x] {
+			for _, q := range p.waitingFor(x) {
+				w[q] = true
+			}
+		}
+	}
+	return slices.Sorted(maps.Keys(w))
+}
+
+// askRemoved sends AskRemoved for the peers this one waits for to every
+// live member and known peer it does not wait for.
+func (p *Peer) askRemoved() {
+	if p.leave != nil || p.removedErr() != nil {
+		return
+	}
+	waits := p.waited()
+	if len(waits) == 0 {
+		return
+	}
+	ask := map[PeerName]bool{}
+	for q := range p.members {
+		ask[q] = true
+	}
+	for q := range p.known {
+		ask[q] = true
+	}
+	for _, q := range slices.Sorted(maps.Keys(ask)) {
+		if p.live(q) && !slices.Contains(waits, q) {
+			p.send(q, &AskRemoved{Peers: waits})
+		}
+	}
+}
+
+// stepAskRemoved answers with the removals this peer records among m.Peers.
+func (p *Peer) stepAskRemoved(from PeerName, m *AskRemoved) {
+	for _, q := range m.Peers {
+		if by, ok := p.removed[q]; ok && q != from {
+			p.send(from, &Remove{Peer: q, By: by})
+		}
+	}
+}
+
+// learnRemoval handles the answer to an AskRemoved: from records that by
+// removes x. A peer with no record of it records it, stops waiting for x,
+// and acknowledges it to by.
+func (p *Peer) learnRemoval(from PeerName, x, by PeerName) {
+	if x == p.cfg.Self || by == x || p.leave != nil || p.removedErr() != nil {
+		return // a peer learns its own removal from its reclaimer only
+	}
+	if _, ok := p.removed[x]; ok {
+		return
+	}
+	if _, ok := p.withdrawing[x]; ok {
+		return
+	}
+	p.removed[x] = by
+	p.removedDirty = true
+	p.addMember(x)
+	p.addMember(by)
+	p.forget(x)
+	p.event(false, "ipalloc: %s records that %s removes %s (weft rmpeer, or its Node was deleted), which this peer had not been told: "+
+		"it no longer waits for %s", from, by, x, x)
+	if by != p.cfg.Self && p.live(by) {
+		p.send(by, &RemoveAck{Peer: x, Ring: p.a.Ring(), Members: p.barrier(x)})
+	}
+	p.completeReclaims()
 }
