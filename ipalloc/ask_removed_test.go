@@ -1,0 +1,154 @@
+package ipalloc
+
+import (
+	"slices"
+	"strings"
+	"testing"
+)
+
+// TestRejoinLearnsRemovalByAnother (make test-long seeds 5658, 5805): b
+// removes the dead x and takes its ranges over while c answers; then c
+// starts without state under its own name, still knowing x (the mesh's
+// memory, the ConfigMap). Nobody tells c of x's removal: b's barrier is
+// closed, and it holds c's acknowledgement from before. The old code held
+// c back for good, "waiting to hear from every other owner of the ring
+// (x)". Now c asks a and b who of those it waits for is removed, learns
+// that b removed x, acknowledges it to b, and allocates.
+func TestRejoinLearnsRemovalByAnother(t *testing.T) {
+	c := newCluster(t, "10.32.0.0/24", seeded("a", "b", "c", "x"))
+	c.run(5)
+	c.peers["x"] = nil // x dies
+	if err := c.peers["b"].PeerGone("x"); err != nil {
+		t.Fatal(err)
+	}
+	c.ready("b")
+	c.run(3 * simTiming.RemoveRetry)
+	if slices.Contains(c.peers["b"].Ring().Peers(), "x") {
+		t.Fatalf("b's reclaim of x did not complete: %+v", c.peers["b"].Status().Reclaims)
+	}
+	cp := c.wipe("c", []PeerName{"a", "b", "x"})
+	c.pushPull("c", "a")
+	c.pushPull("c", "b")
+	c.run(1)
+	if st := cp.Status().Rejoin; !strings.Contains(st, "(x)") {
+		t.Fatalf("c's hold: %q, want it to wait for x at first (it knows x, not its removal)", st)
+	}
+	c.run(3 * simTiming.RemoveRetry)
+	if by := cp.removed["x"]; by != "b" {
+		t.Fatalf("c did not learn that b removed x: removed %v, hold %q", cp.removed, cp.Status().Rejoin)
+	}
+	if st := cp.Status().Rejoin; st != "" {
+		t.Fatalf("c still holds back: %q", st)
+	}
+	if !c.hasEvent("c: ipalloc: a records that b removes x") && !c.hasEvent("c: ipalloc: b records that b removes x") {
+		t.Errorf("no event says what c learned: %v", c.events)
+	}
+	if by := c.disk["c"].Removed["x"]; by != "b" {
+		t.Errorf("the learned removal is not on c's disk: %v", c.disk["c"].Removed)
+	}
+	c.alloc("c", key(1))
+	c.run(2)
+	if ans, ok := c.answer[key(1)]; !ok || ans.Err != nil {
+		t.Fatalf("c allocates nothing after it learned the removal: %+v", ans)
+	}
+}
+
+// TestBarrierLearnsRemovalByAnother (make test-long seed 3704): c starts
+// without state while a's reclaim of the dead x is under way, and learns of
+// x as an owner of the rings it merges, not of its removal (a's barrier
+// holds c's acknowledgement from before). Then y dies and c runs rmpeer y.
+// The old code's barrier waited for x for good; now c asks, learns that a
+// removed x, and takes y's ranges over once a and b have answered.
+func TestBarrierLearnsRemovalByAnother(t *testing.T) {
+	c := newCluster(t, "10.32.0.0/24", seeded("a", "b", "c", "x", "y"))
+	c.run(5)
+	c.peers["x"] = nil
+	c.cut["b"] = true // a's barrier stays open until b is back
+	if err := c.peers["a"].PeerGone("x"); err != nil {
+		t.Fatal(err)
+	}
+	c.ready("a")
+	c.run(3)
+	if got := c.peers["a"].Status().Reclaims["x"]; !slices.Equal(got, []PeerName{"b"}) {
+		t.Fatalf("a's reclaim waits for %v, want [b]", got)
+	}
+	// c loses its disk and comes back; a's ring still names x as an owner.
+	cp := c.wipe("c", []PeerName{"a", "b", "y"})
+	c.pushPull("c", "a")
+	c.run(2)
+	if !cp.members["x"] || cp.isRemoved("x") {
+		t.Fatalf("c should know x as a member, not its removal: members %v removed %v", cp.Members(), cp.removed)
+	}
+	delete(c.cut, "b")
+	c.pushPull("c", "b")
+	c.run(3 * simTiming.RemoveRetry)
+	if slices.Contains(c.peers["a"].Ring().Peers(), "x") {
+		t.Fatalf("a's reclaim of x did not complete: %+v", c.peers["a"].Status().Reclaims)
+	}
+	c.peers["y"] = nil
+	if err := cp.PeerGone("y"); err != nil {
+		t.Fatal(err)
+	}
+	c.ready("c")
+	c.run(4 * simTiming.RemoveRetry)
+	if got, ok := cp.Status().Reclaims["y"]; ok && len(got) > 0 {
+		t.Fatalf("c's reclaim of y still waits for %v (removed here: %v)", got, cp.removed)
+	}
+	if slices.Contains(cp.Ring().Peers(), "y") {
+		t.Fatalf("y's ranges were not taken over")
+	}
+	if cp.removed["x"] != "a" {
+		t.Errorf("c records x removed by %q, want a", cp.removed["x"])
+	}
+	for _, q := range []PeerName{"a", "b"} {
+		if !c.peers[q].Ring().Equal(cp.Ring()) {
+			t.Errorf("%s's ring differs from c's", q)
+		}
+	}
+}
+
+// TestLearnedRemovalIsWithdrawn: a removal that a peer learned from a
+// third peer is called off with the reclaimer's Withdraw, as for every
+// member the reclaimer told itself. a removes x (alive, but cut off), d
+// holds the barrier open; c loses its disk, a withdraws while b and c do
+// not hear it, and c learns the removal from b. Once a is heard again, c
+// listens to x again, and b too.
+func TestLearnedRemovalIsWithdrawn(t *testing.T) {
+	c := newCluster(t, "10.32.0.0/24", seeded("a", "b", "c", "d", "x"))
+	c.run(5)
+	c.cut["x"], c.cut["d"] = true, true
+	if err := c.peers["a"].PeerGone("x"); err != nil {
+		t.Fatal(err)
+	}
+	c.ready("a")
+	c.run(2)
+	if c.peers["b"].removed["x"] != "a" || c.peers["c"].removed["x"] != "a" {
+		t.Fatalf("b and c do not record a's removal of x")
+	}
+	if got := c.peers["a"].Status().Reclaims["x"]; !slices.Equal(got, []PeerName{"d"}) {
+		t.Fatalf("a's reclaim waits for %v, want [d]", got)
+	}
+	c.cut["b"], c.cut["c"] = true, true
+	cp := c.wipe("c", []PeerName{"a", "b", "d", "x"})
+	if err := c.peers["a"].Withdraw("x"); err != nil {
+		t.Fatal(err)
+	}
+	c.ready("a")
+	c.run(1)
+	c.cut["a"] = true
+	delete(c.cut, "b")
+	delete(c.cut, "c")
+	c.pushPull("c", "b")
+	c.run(2 * simTiming.RemoveRetry)
+	if cp.removed["x"] != "a" {
+		t.Fatalf("c did not learn a's removal of x from b: %v (hold %q)", cp.removed, cp.Status().Rejoin)
+	}
+	delete(c.cut, "a")
+	c.run(4 * simTiming.RemoveRetry)
+	if _, ok := cp.removed["x"]; ok {
+		t.Fatalf("c still records x as removed after a withdrew it: %v", cp.removed)
+	}
+	if _, ok := c.peers["b"].removed["x"]; ok {
+		t.Fatalf("b still records x as removed after a withdrew it")
+	}
+}
