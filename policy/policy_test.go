@@ -1,0 +1,395 @@
+package policy
+
+import (
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+var (
+	worlds = flag.Int("policy.worlds", 400, "random worlds TestCompileMatchesModel checks")
+	seed0  = flag.Uint64("policy.seed", 0, "first seed of TestCompileMatchesModel (replay a failure with -policy.seed=N -policy.worlds=1)")
+)
+
+func ptr[T any](v T) *T { return &v }
+
+func tcp() *corev1.Protocol { return ptr(corev1.ProtocolTCP) }
+func udp() *corev1.Protocol { return ptr(corev1.ProtocolUDP) }
+
+func pol(ns, name string, spec networkingv1.NetworkPolicySpec) networkingv1.NetworkPolicy {
+	return networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: spec}
+}
+
+func sel(kv ...string) *metav1.LabelSelector {
+	s := &metav1.LabelSelector{MatchLabels: map[string]string{}}
+	for i := 0; i+1 < len(kv); i += 2 {
+		s.MatchLabels[kv[i]] = kv[i+1]
+	}
+	return s
+}
+
+func ip(s string) netip.Addr { return netip.MustParseAddr(s) }
+
+// exampleWorld: namespaces prod (team=a) and dev (team=b); pods web and db
+// in prod, tool in dev, on two nodes.
+func exampleWorld(policies ...networkingv1.NetworkPolicy) *World {
+	return &World{
+		Namespaces: []Namespace{{"prod", map[string]string{"team": "a"}}, {"dev", map[string]string{"team": "b"}}},
+		Pods: []Pod{
+			{Namespace: "prod", Name: "web", Labels: map[string]string{"app": "web"}, IP: ip("10.32.0.2"), Node: "n1",
+				Ports: []Port{{"http", corev1.ProtocolTCP, 8080}}},
+			{Namespace: "prod", Name: "db", Labels: map[string]string{"app": "db"}, IP: ip("10.32.0.3"), Node: "n1",
+				Ports: []Port{{"pg", corev1.ProtocolTCP, 5432}}},
+			{Namespace: "dev", Name: "tool", Labels: map[string]string{"app": "web"}, IP: ip("10.40.0.2"), Node: "n2"},
+		},
+		Policies: policies,
+	}
+}
+
+// check compares the model and the compiled rules of every node for c,
+// and the model with want.
+func check(t *testing.T, w *World, c Conn, want bool) {
+	t.Helper()
+	if got := Allowed(w, c); got != want {
+		t.Errorf("model: %s allowed=%v, want %v", c, got, want)
+	}
+	if got := compiledAllowed(w, c); got != want {
+		t.Errorf("compiled: %s allowed=%v, want %v", c, got, want)
+	}
+}
+
+// compiledAllowed evaluates c as the nodes would: egress on the source's
+// node, ingress on the destination's.
+func compiledAllowed(w *World, c Conn) bool { return compiledAllowedIn(w, map[string]*NodeRules{}, c) }
+
+// compiledAllowedIn is compiledAllowed with the nodes' rules cached.
+func compiledAllowedIn(w *World, nodes map[string]*NodeRules, c Conn) bool {
+	rules := func(n string) *NodeRules {
+		if nodes[n] == nil {
+			nodes[n] = Compile(w, n)
+		}
+		return nodes[n]
+	}
+	ok := true
+	for _, x := range w.Pods {
+		if x.IP == c.Src {
+			ok = ok && rules(x.Node).Egress(c)
+		}
+		if x.IP == c.Dst {
+			ok = ok && rules(x.Node).Ingress(c)
+		}
+	}
+	return ok
+}
+
+func TestSemantics(t *testing.T) {
+	web, db, tool := ip("10.32.0.2"), ip("10.32.0.3"), ip("10.40.0.2")
+	outside := ip("192.0.2.7")
+	conn := func(src, dst netip.Addr, port uint16) Conn {
+		return Conn{Src: src, Dst: dst, Protocol: corev1.ProtocolTCP, Port: port}
+	}
+	t.Run("no policy: everything", func(t *testing.T) {
+		w := exampleWorld()
+		check(t, w, conn(tool, db, 5432), true)
+		check(t, w, conn(outside, web, 1), true)
+	})
+	denyAll := pol("prod", "deny", networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}})
+	t.Run("default deny ingress", func(t *testing.T) {
+		w := exampleWorld(denyAll)
+		check(t, w, conn(web, db, 5432), false)
+		check(t, w, conn(tool, web, 8080), false)
+		check(t, w, conn(web, tool, 80), true) // dev is not isolated; prod's egress is not
+		c := conn(ip("10.32.255.254"), db, 5432)
+		c.FromNode = true
+		check(t, w, c, true) // the node's own probes
+	})
+	t.Run("podSelector in own namespace", func(t *testing.T) {
+		w := exampleWorld(denyAll, pol("prod", "db-from-web", networkingv1.NetworkPolicySpec{
+			PodSelector: *sel("app", "db"),
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{
+				From:  []networkingv1.NetworkPolicyPeer{{PodSelector: sel("app", "web")}},
+				Ports: []networkingv1.NetworkPolicyPort{{Protocol: tcp(), Port: ptr(intstr.FromInt32(5432))}},
+			}},
+		}))
+		check(t, w, conn(web, db, 5432), true)
+		check(t, w, conn(web, db, 5433), false)
+		check(t, w, conn(tool, db, 5432), false) // app=web, but in dev
+		check(t, w, Conn{Src: web, Dst: db, Protocol: corev1.ProtocolUDP, Port: 5432}, false)
+	})
+	t.Run("namespaceSelector and both", func(t *testing.T) {
+		nsOnly := pol("prod", "from-dev", networkingv1.NetworkPolicySpec{
+			PodSelector: *sel("app", "web"),
+			Ingress:     []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: sel("team", "b")}}}},
+		})
+		w := exampleWorld(nsOnly)
+		check(t, w, conn(tool, web, 8080), true)
+		check(t, w, conn(db, web, 8080), false)
+		both := pol("prod", "from-dev-db", networkingv1.NetworkPolicySpec{
+			PodSelector: *sel("app", "web"),
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{
+				{NamespaceSelector: sel("team", "b"), PodSelector: sel("app", "db")}}}},
+		})
+		w = exampleWorld(both)
+		check(t, w, conn(tool, web, 8080), false) // tool is app=web
+	})
+	t.Run("ipBlock with except", func(t *testing.T) {
+		w := exampleWorld(pol("prod", "ext", networkingv1.NetworkPolicySpec{
+			PodSelector: *sel("app", "web"),
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{
+				{IPBlock: &networkingv1.IPBlock{CIDR: "192.0.2.0/24", Except: []string{"192.0.2.0/30"}}}}}},
+		}))
+		check(t, w, conn(outside, web, 8080), true)
+		check(t, w, conn(ip("192.0.2.2"), web, 8080), false)
+		check(t, w, conn(tool, web, 8080), false)
+	})
+	t.Run("named port and endPort", func(t *testing.T) {
+		w := exampleWorld(pol("prod", "named", networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{Ports: []networkingv1.NetworkPolicyPort{
+				{Port: ptr(intstr.FromString("http"))},
+				{Protocol: udp(), Port: ptr(intstr.FromInt32(53)), EndPort: ptr(int32(60))},
+			}}},
+		}))
+		check(t, w, conn(tool, web, 8080), true)
+		check(t, w, conn(tool, db, 8080), false) // db has no port named http
+		check(t, w, Conn{Src: tool, Dst: db, Protocol: corev1.ProtocolUDP, Port: 57}, true)
+		check(t, w, Conn{Src: tool, Dst: db, Protocol: corev1.ProtocolUDP, Port: 61}, false)
+	})
+	t.Run("egress", func(t *testing.T) {
+		w := exampleWorld(pol("prod", "egress", networkingv1.NetworkPolicySpec{
+			PodSelector: *sel("app", "web"),
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
+			Egress: []networkingv1.NetworkPolicyEgressRule{{
+				To:    []networkingv1.NetworkPolicyPeer{{PodSelector: sel("app", "db")}},
+				Ports: []networkingv1.NetworkPolicyPort{{Port: ptr(intstr.FromString("pg"))}},
+			}},
+		}))
+		check(t, w, conn(web, db, 5432), true)
+		check(t, w, conn(web, db, 5433), false)
+		check(t, w, conn(web, tool, 80), false)
+		check(t, w, conn(web, outside, 443), false)
+		check(t, w, conn(db, web, 8080), true) // web's ingress is not isolated
+	})
+	t.Run("policies add up", func(t *testing.T) {
+		a := pol("prod", "a", networkingv1.NetworkPolicySpec{PodSelector: *sel("app", "db"),
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{PodSelector: sel("app", "web")}}}}})
+		b := pol("prod", "b", networkingv1.NetworkPolicySpec{PodSelector: *sel("app", "db"),
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: sel("team", "b")}}}}})
+		w := exampleWorld(denyAll, a, b)
+		check(t, w, conn(web, db, 1), true)
+		check(t, w, conn(tool, db, 1), true)
+		check(t, w, conn(outside, db, 1), false)
+	})
+}
+
+// randWorld makes a small random cluster and policies over few labels, so
+// that selectors often match and often do not.
+func randWorld(r *rand.Rand) *World {
+	labelsOf := func() map[string]string {
+		m := map[string]string{}
+		for _, k := range []string{"app", "tier"} {
+			if r.IntN(3) > 0 {
+				m[k] = []string{"x", "y", "z"}[r.IntN(3)]
+			}
+		}
+		return m
+	}
+	selOf := func() *metav1.LabelSelector {
+		s := &metav1.LabelSelector{}
+		switch r.IntN(4) {
+		case 0: // empty: matches all
+		case 1:
+			s.MatchLabels = map[string]string{"app": []string{"x", "y", "z"}[r.IntN(3)]}
+		case 2:
+			s.MatchExpressions = []metav1.LabelSelectorRequirement{{Key: "tier", Operator: metav1.LabelSelectorOpIn,
+				Values: []string{[]string{"x", "y", "z"}[r.IntN(3)], "y"}}}
+		case 3:
+			s.MatchExpressions = []metav1.LabelSelectorRequirement{{Key: "app", Operator: metav1.LabelSelectorOpDoesNotExist}}
+		}
+		return s
+	}
+	w := &World{}
+	nss := []string{"a", "b", "c"}
+	for _, n := range nss {
+		w.Namespaces = append(w.Namespaces, Namespace{n, labelsOf()})
+	}
+	npods := 3 + r.IntN(6)
+	for i := range npods {
+		x := Pod{Namespace: nss[r.IntN(len(nss))], Name: fmt.Sprintf("p%d", i), Labels: labelsOf(),
+			IP: netip.AddrFrom4([4]byte{10, 32, byte(r.IntN(2)), byte(2 + i)}), Node: fmt.Sprintf("n%d", r.IntN(3))}
+		for _, pn := range []Port{{"http", corev1.ProtocolTCP, 80}, {"http", corev1.ProtocolTCP, 8080}, {"dns", corev1.ProtocolUDP, 53}, {"dns", "", 53}} {
+			if r.IntN(3) == 0 {
+				x.Ports = append(x.Ports, pn)
+			}
+		}
+		w.Pods = append(w.Pods, x)
+	}
+	peerOf := func() networkingv1.NetworkPolicyPeer {
+		switch r.IntN(4) {
+		case 0:
+			b := &networkingv1.IPBlock{CIDR: []string{"10.32.0.0/16", "10.32.1.0/24", "10.32.0.4/30", "0.0.0.0/0", "192.0.2.0/24"}[r.IntN(5)]}
+			if r.IntN(2) == 0 {
+				b.Except = append(b.Except, []string{"10.32.0.0/29", "10.32.1.4/31", "10.32.0.5/32"}[r.IntN(3)])
+			}
+			return networkingv1.NetworkPolicyPeer{IPBlock: b}
+		case 1:
+			return networkingv1.NetworkPolicyPeer{PodSelector: selOf()}
+		case 2:
+			return networkingv1.NetworkPolicyPeer{NamespaceSelector: selOf()}
+		}
+		return networkingv1.NetworkPolicyPeer{PodSelector: selOf(), NamespaceSelector: selOf()}
+	}
+	portsOf := func() []networkingv1.NetworkPolicyPort {
+		var out []networkingv1.NetworkPolicyPort
+		for range r.IntN(3) {
+			pp := networkingv1.NetworkPolicyPort{}
+			switch r.IntN(3) {
+			case 1:
+				pp.Protocol = udp()
+			case 2:
+				pp.Protocol = tcp()
+			}
+			switch r.IntN(4) {
+			case 0:
+				pp.Port = ptr(intstr.FromInt32([]int32{53, 80, 8080}[r.IntN(3)]))
+			case 1:
+				pp.Port = ptr(intstr.FromString([]string{"http", "dns", "none"}[r.IntN(3)]))
+			case 2:
+				pp.Port = ptr(intstr.FromInt32(50))
+				pp.EndPort = ptr([]int32{60, 90, 40}[r.IntN(3)])
+			}
+			out = append(out, pp)
+		}
+		return out
+	}
+	for i := range r.IntN(5) {
+		spec := networkingv1.NetworkPolicySpec{PodSelector: *selOf()}
+		switch r.IntN(4) {
+		case 1:
+			spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}
+		case 2:
+			spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
+		case 3:
+			spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}
+		}
+		for range r.IntN(3) {
+			rule := networkingv1.NetworkPolicyIngressRule{Ports: portsOf()}
+			for range r.IntN(3) {
+				rule.From = append(rule.From, peerOf())
+			}
+			spec.Ingress = append(spec.Ingress, rule)
+		}
+		for range r.IntN(3) {
+			rule := networkingv1.NetworkPolicyEgressRule{Ports: portsOf()}
+			for range r.IntN(3) {
+				rule.To = append(rule.To, peerOf())
+			}
+			spec.Egress = append(spec.Egress, rule)
+		}
+		w.Policies = append(w.Policies, pol(nss[r.IntN(len(nss))], fmt.Sprintf("np%d", i), spec))
+	}
+	return w
+}
+
+// TestCompileMatchesModel: for random worlds, the compiled rules of the
+// nodes allow exactly what the model allows, for every pair of pods and
+// some outside addresses, over protocols and ports the policies name.
+func TestCompileMatchesModel(t *testing.T) {
+	n := *worlds
+	if testing.Short() {
+		n = 50
+	}
+	addrs := []netip.Addr{ip("192.0.2.9"), ip("10.32.0.4"), ip("10.32.1.5"), ip("8.8.8.8")}
+	var checked, allowed int
+	for s := *seed0; s < *seed0+uint64(n); s++ {
+		w := randWorld(rand.New(rand.NewPCG(s, 0x9e3779b9)))
+		nodes := map[string]*NodeRules{}
+		all := append([]netip.Addr{}, addrs...)
+		for _, x := range w.Pods {
+			all = append(all, x.IP)
+		}
+		for _, src := range all {
+			for _, dst := range all {
+				if src == dst {
+					continue
+				}
+				for _, proto := range []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP} {
+					for _, port := range []uint16{53, 55, 80, 8080, 9} {
+						for _, fromNode := range []bool{false, true} {
+							c := Conn{Src: src, Dst: dst, Protocol: proto, Port: port, FromNode: fromNode}
+							want := Allowed(w, c)
+							if got := compiledAllowedIn(w, nodes, c); got != want {
+								t.Fatalf("seed %d: %s (from node %v): compiled rules allow=%v, the model %v\nworld: %+v", s, c, fromNode, got, want, w)
+							}
+							checked++
+							if want {
+								allowed++
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	t.Logf("%d worlds, %d connections checked, %d allowed", n, checked, allowed)
+	if allowed == 0 || allowed == checked {
+		t.Fatalf("the worlds are degenerate: %d of %d allowed", allowed, checked)
+	}
+}
+
+func TestIntervals(t *testing.T) {
+	b := &networkingv1.IPBlock{CIDR: "10.0.0.0/24", Except: []string{"10.0.0.0/30", "10.0.0.128/25", "10.0.0.10/32"}}
+	got := blockIntervals(b)
+	want := []Interval{{ip("10.0.0.4"), ip("10.0.0.9")}, {ip("10.0.0.11"), ip("10.0.0.127")}}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	all := blockIntervals(&networkingv1.IPBlock{CIDR: "0.0.0.0/0"})
+	if len(all) != 1 || all[0].Lo != ip("0.0.0.0") || all[0].Hi != ip("255.255.255.255") {
+		t.Fatalf("0.0.0.0/0: %v", all)
+	}
+	n := normalize([]Interval{{ip("10.0.0.5"), ip("10.0.0.9")}, {ip("10.0.0.1"), ip("10.0.0.4")}, {ip("10.0.0.7"), ip("10.0.0.20")}, {ip("10.0.1.0"), ip("10.0.1.0")}})
+	if fmt.Sprint(n) != fmt.Sprint([]Interval{{ip("10.0.0.1"), ip("10.0.0.20")}, {ip("10.0.1.0"), ip("10.0.1.0")}}) {
+		t.Fatalf("normalize: %v", n)
+	}
+	if bad := blockIntervals(&networkingv1.IPBlock{CIDR: "not a cidr"}); bad != nil {
+		t.Fatalf("an invalid CIDR gave %v", bad)
+	}
+}
+
+func TestProblemsReported(t *testing.T) {
+	w := exampleWorld(pol("prod", "bad", networkingv1.NetworkPolicySpec{
+		Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{
+			{IPBlock: &networkingv1.IPBlock{CIDR: "10.0.0.0/33"}},
+			{PodSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "a", Operator: "Bogus"}}}},
+		}}},
+	}))
+	nr := Compile(w, "n1")
+	if len(nr.Problems) != 2 {
+		t.Fatalf("problems: %q, want the CIDR and the selector", nr.Problems)
+	}
+	check(t, w, Conn{Src: ip("10.0.0.1"), Dst: ip("10.32.0.2"), Protocol: corev1.ProtocolTCP, Port: 80}, false)
+}
+
+// FuzzCompileMatchesModel explores seeds of random worlds beyond the test's.
+func FuzzCompileMatchesModel(f *testing.F) {
+	f.Add(uint64(1), uint16(80))
+	f.Fuzz(func(t *testing.T, s uint64, port uint16) {
+		w := randWorld(rand.New(rand.NewPCG(s, 1)))
+		for _, src := range w.Pods {
+			for _, dst := range w.Pods {
+				c := Conn{Src: src.IP, Dst: dst.IP, Protocol: corev1.ProtocolTCP, Port: port}
+				if src.IP != dst.IP && Allowed(w, c) != compiledAllowed(w, c) {
+					t.Fatalf("seed %d: %s: compiled and model differ", s, c)
+				}
+			}
+		}
+	})
+}
