@@ -383,10 +383,11 @@ func FuzzCompileMatchesModel(f *testing.F) {
 	f.Add(uint64(1), uint16(80))
 	f.Fuzz(func(t *testing.T, s uint64, port uint16) {
 		w := randWorld(rand.New(rand.NewPCG(s, 1)))
+		nodes := map[string]*NodeRules{}
 		for _, src := range w.Pods {
 			for _, dst := range w.Pods {
 				c := Conn{Src: src.IP, Dst: dst.IP, Protocol: corev1.ProtocolTCP, Port: port}
-				if src.IP != dst.IP && Allowed(w, c) != compiledAllowed(w, c) {
+				if src.IP != dst.IP && Allowed(w, c) != compiledAllowedIn(w, nodes, c) {
 					t.Fatalf("seed %d: %s: compiled and model differ", s, c)
 				}
 			}
