@@ -36,6 +36,7 @@ func cmdReset(args []string) error {
 	if err := envDefaults(fs); err != nil {
 		return err
 	}
+	uc.Socket = cf.socket
 	if fs.NArg() != 0 {
 		return errors.New("usage: weft reset [--socket PATH] [--force] (on the node to take out of the cluster)")
 	}
