@@ -62,6 +62,7 @@ func TestKubeNodes(t *testing.T) {
 			}
 		}
 	})
+	skipOnHostFeature(t, err)
 	if err != nil {
 		t.Fatal(err)
 	}
