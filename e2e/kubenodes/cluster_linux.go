@@ -110,11 +110,11 @@ func (c *Cluster) PhaseTable() string {
 
 // New brings up the control plane and opts.Nodes kubelet nodes (NotReady:
 // no pod network yet). A kernel feature missing on this machine is an
-// ErrHostFeature, before anything is made. Everything belongs to run: its Close stops the
-// processes, and the host guard registered here kills what is left in the
-// nodes' cgroups and mount namespaces, removes the cgroups and puts the
-// kernel settings back, before the namespaces go. On an error it returns
-// what it got so far too, for Diagnose.
+// ErrHostFeature, before anything is made. Everything belongs to run: its
+// Close stops the processes, and the host guard registered here kills what
+// is left in the nodes' cgroups and mount namespaces, removes the cgroups
+// and puts the kernel settings back, before the namespaces go. On an error
+// it returns what it got so far too, for Diagnose.
 func New(ctx context.Context, run *e2e.Run, opts Options) (*Cluster, error) {
 	if opts.Nodes == 0 {
 		opts.Nodes = DefaultNodes
