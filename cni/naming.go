@@ -3,6 +3,7 @@ package cni
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"strings"
 )
 
 // hostVethPrefix starts the name of every host end of a pod veth.
@@ -20,4 +21,20 @@ const hostVethHashLen = 11
 func HostVethName(containerID, ifName string) string {
 	sum := sha256.Sum256([]byte(containerID + "/" + ifName))
 	return hostVethPrefix + hex.EncodeToString(sum[:])[:hostVethHashLen]
+}
+
+// IsHostVethName reports whether name has the form HostVethName gives:
+// "weft" and 11 lowercase hex characters (weft's own links, "weft",
+// "weft-tun", "weft-ipip", do not).
+func IsHostVethName(name string) bool {
+	rest, ok := strings.CutPrefix(name, hostVethPrefix)
+	if !ok || len(rest) != hostVethHashLen {
+		return false
+	}
+	for _, c := range rest {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }

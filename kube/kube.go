@@ -346,6 +346,15 @@ func (k *Kube) Synced() bool {
 // Read PeerAddrs then.
 func (k *Kube) Changes() <-chan struct{} { return k.changes }
 
+// PeerLost runs a reclaim pass now rather than at the next Config.Resync:
+// the router calls it when the mesh declares a peer unreachable or gone. A
+// deleted Node whose peer still answered at the Node's deletion (the mesh
+// takes seconds to notice a dead peer) is then reclaimed as soon as the
+// mesh stops counting it alive, not up to a resync later. The pass checks
+// everything again (the Node NotFound, Config.PeerAlive false), so an
+// extra one is safe.
+func (k *Kube) PeerLost() { k.signal(k.kick) }
+
 // signal does a non-blocking send on a coalescing channel.
 func (k *Kube) signal(ch chan struct{}) {
 	select {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -261,6 +262,11 @@ func (r *Router) kubeMembers(ctx context.Context) error {
 // ring's first claim in the ConfigMap once there is a ring, and clears the
 // node's NetworkUnavailable condition once the router is ready.
 func (r *Router) routineKube(ctx context.Context) {
+	events, unsubscribe := r.mesh.Subscribe(16)
+	var wg sync.WaitGroup
+	wg.Go(func() { kickReclaimOnPeerLoss(events, r.kube.PeerLost) })
+	defer wg.Wait()
+	defer unsubscribe() // closes events: the goroutine ends
 	var joined []string
 	recorded, available := false, false
 	t := time.NewTicker(5 * time.Second)
@@ -299,6 +305,18 @@ func (r *Router) routineKube(ctx context.Context) {
 			return
 		case <-r.kube.Changes():
 		case <-t.C:
+		}
+	}
+}
+
+// kickReclaimOnPeerLoss calls kick for every mesh event saying that a
+// peer became unreachable or left (or that events were lost), until events
+// is closed: a deleted Node's peer is reclaimed once the mesh no longer
+// counts it alive (kube.Kube.PeerLost).
+func kickReclaimOnPeerLoss(events <-chan mesh.Event, kick func()) {
+	for ev := range events {
+		if ev.Kind == mesh.EventUnreachable || ev.Kind == mesh.EventLeft || ev.Dropped > 0 {
+			kick()
 		}
 	}
 }

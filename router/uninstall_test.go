@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -65,5 +66,56 @@ func TestUninstall(t *testing.T) {
 	}
 	if err := Uninstall(UninstallConfig{Kernel: k}, log); err == nil {
 		t.Error("Uninstall without paths accepted")
+	}
+}
+
+// Uninstall removes the state dir once it is empty and a socket file left
+// by a killed router with its directory; a state dir holding other files,
+// and a file at the socket's path that is no socket, stay.
+func TestUninstallDirsAndStaleSocket(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	dir := t.TempDir()
+	cfg := UninstallConfig{CNIConfDir: filepath.Join(dir, "net.d"), Bridge: "weft", StateDir: filepath.Join(dir, "state"),
+		Socket: filepath.Join(dir, "run", "weft.sock"), Kernel: &fakeKernel{}}
+	db, err := state.Open(cfg.StateDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	if err := os.MkdirAll(filepath.Dir(cfg.Socket), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("unix", cfg.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.(*net.UnixListener).SetUnlinkOnClose(false) // as a killed router leaves it
+	ln.Close()
+	if err := Uninstall(cfg, log); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{cfg.StateDir, cfg.Socket, filepath.Dir(cfg.Socket)} {
+		if _, err := os.Lstat(p); !os.IsNotExist(err) {
+			t.Errorf("%s is still there: %v", p, err)
+		}
+	}
+
+	// Someone else's files stay, and so do their directories.
+	keep := filepath.Join(cfg.StateDir, "notes.txt")
+	for _, f := range []string{keep, cfg.Socket} {
+		if err := os.MkdirAll(filepath.Dir(f), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(f, []byte("not weft's"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := Uninstall(cfg, log); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{keep, cfg.Socket} {
+		if _, err := os.Stat(f); err != nil {
+			t.Errorf("%s was removed: %v", f, err)
+		}
 	}
 }

@@ -29,13 +29,14 @@ func cmdReset(args []string) error {
 	uc := router.UninstallConfig{}
 	fs.StringVar(&uc.CNIConfDir, "cni-conf-dir", def.CNIConfDir, "with --force and no router: the router's --cni-conf-dir, whose "+router.ConfListName+" is removed")
 	fs.StringVar(&uc.Bridge, "bridge", def.Bridge, "with --force and no router: the router's --bridge, removed with weft's nftables table")
-	fs.StringVar(&uc.StateDir, "state-dir", def.StateDir, "with --force and no router: the router's --state-dir, whose state file is removed")
+	fs.StringVar(&uc.StateDir, "state-dir", def.StateDir, "with --force and no router: the router's --state-dir, whose state file is removed (then the directory, if empty)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if err := envDefaults(fs); err != nil {
 		return err
 	}
+	uc.Socket = cf.socket
 	if fs.NArg() != 0 {
 		return errors.New("usage: weft reset [--socket PATH] [--force] (on the node to take out of the cluster)")
 	}

@@ -42,6 +42,11 @@ type Options struct {
 	// Loopback is the CNI loopback plugin put into every node's
 	// /opt/cni/bin, as a node's kubernetes-cni package would.
 	Loopback string
+	// KubeProxyLater leaves kube-proxy off on every node until the test
+	// starts it (StartKubeProxy): the kubernetes Service's ClusterIP does
+	// not answer there meanwhile, as on a new node whose kube-proxy is not
+	// running yet.
+	KubeProxyLater bool
 }
 
 // Phase is one timed step of bringing the cluster up or testing it.
@@ -104,11 +109,12 @@ func (c *Cluster) PhaseTable() string {
 }
 
 // New brings up the control plane and opts.Nodes kubelet nodes (NotReady:
-// no pod network yet). Everything belongs to run: its Close stops the
-// processes, and the host guard registered here kills what is left in the
-// nodes' cgroups and mount namespaces, removes the cgroups and puts the
-// kernel settings back, before the namespaces go. On an error it returns
-// what it got so far too, for Diagnose.
+// no pod network yet). A kernel feature missing on this machine is an
+// ErrHostFeature, before anything is made. Everything belongs to run: its
+// Close stops the processes, and the host guard registered here kills what
+// is left in the nodes' cgroups and mount namespaces, removes the cgroups
+// and puts the kernel settings back, before the namespaces go. On an error
+// it returns what it got so far too, for Diagnose.
 func New(ctx context.Context, run *e2e.Run, opts Options) (*Cluster, error) {
 	if opts.Nodes == 0 {
 		opts.Nodes = DefaultNodes
@@ -117,6 +123,9 @@ func New(ctx context.Context, run *e2e.Run, opts Options) (*Cluster, error) {
 		return nil, fmt.Errorf("kubenodes: Options.Nodes %d: give 1 to 20", opts.Nodes)
 	}
 	c := &Cluster{Run: run, log: run.Log(), opts: opts}
+	if err := checkHostFeatures(); err != nil {
+		return nil, err
+	}
 	for _, bin := range []string{"containerd", "containerd-shim-runc-v2", "runc", "ctr", "nsenter", "unshare", "nft"} {
 		if _, err := exec.LookPath(bin); err != nil {
 			return nil, fmt.Errorf("kubenodes: %s is missing: `make e2e-kube` installs Debian's containerd, runc, nftables and util-linux (apt)", bin)
@@ -188,7 +197,9 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 		Run: c.Run, NetNS: c.Net.Underlay, Address: e2e.UnderlayGateway,
 		// The kubernetes Service gets the server's address as its endpoint,
 		// so that its ClusterIP works through kube-proxy as in a cluster.
-		ExtraArgs: []string{"--endpoint-reconciler-type=lease"},
+		// Logs, exec and port-forward reach a kubelet at its Node's
+		// InternalIP: the nodes' hostnames resolve nowhere.
+		ExtraArgs: []string{"--endpoint-reconciler-type=lease", "--kubelet-preferred-address-types=InternalIP"},
 	})
 	if err != nil {
 		return err
@@ -338,14 +349,28 @@ func (c *Cluster) startNode(ctx context.Context, en *e2e.Node) error {
 			"--hostname-override="+n.Name, "--node-ip="+n.UnderlayIP.String(), "--v=2")...); err != nil {
 		return err
 	}
-	pcfg := filepath.Join(en.Dir, "kube-proxy.yaml")
+	if c.opts.KubeProxyLater {
+		return nil
+	}
+	return c.StartKubeProxy(n)
+}
+
+// StartKubeProxy starts kube-proxy (nftables mode) on n: New does for
+// every node unless Options.KubeProxyLater.
+func (c *Cluster) StartKubeProxy(n *Node) error {
+	if n.KubeProxy != nil {
+		return fmt.Errorf("kubenodes: kube-proxy runs on %s already", n.Name)
+	}
+	pcfg := filepath.Join(n.Dir, "kube-proxy.yaml")
 	if err := os.WriteFile(pcfg, []byte(fmt.Sprintf(kubeProxyConfig, c.API.Admin.Kubeconfig, n.Name, PodRange)), 0o644); err != nil {
 		return fmt.Errorf("kubenodes: %w", err)
 	}
-	if n.KubeProxy, err = c.Run.Start(n.NS, "kube-proxy "+n.Name, filepath.Join(en.Dir, "kube-proxy.log"),
-		n.inNode(c.API.Bins.KubeProxy, "--config="+pcfg, "--v=1")...); err != nil {
+	p, err := c.Run.Start(n.NS, "kube-proxy "+n.Name, filepath.Join(n.Dir, "kube-proxy.log"),
+		n.inNode(c.API.Bins.KubeProxy, "--config="+pcfg, "--v=1")...)
+	if err != nil {
 		return err
 	}
+	n.KubeProxy = p
 	return nil
 }
 

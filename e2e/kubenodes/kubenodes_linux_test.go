@@ -62,6 +62,7 @@ func TestKubeNodes(t *testing.T) {
 			}
 		}
 	})
+	skipOnHostFeature(t, err)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -336,6 +337,7 @@ func TestKubeNodes(t *testing.T) {
 		if _, err := c.API.Kubectl(ctx, "delete", "node", gone.Name); err != nil {
 			return err
 		}
+		deleted := time.Now()
 		want := "node of peer " + rep.Router.Name + " deleted: reclaiming its ranges"
 		var claimed int
 		err = poll(ctx, 2*time.Minute, "one router reclaiming "+gone.Name+"'s ranges", func() (bool, string) {
@@ -348,6 +350,7 @@ func TestKubeNodes(t *testing.T) {
 		if err != nil {
 			return err
 		}
+		t.Logf("%s's reclaim seen %s after its Node's deletion", gone.Name, time.Since(deleted).Round(100*time.Millisecond))
 		time.Sleep(3 * time.Second) // a second reclaim, if any, would come now
 		claimed = 0
 		for _, n := range c.Nodes[:len(c.Nodes)-1] {
