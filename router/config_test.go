@@ -35,7 +35,7 @@ func TestValidate(t *testing.T) {
 		{"encap", func(c *Config) { c.Encap = "sleeve" }, "--encap"},
 		{"vxlan with a password", func(c *Config) { c.Encap, c.Password = "vxlan", "a-long-enough-pw" }, "--trusted-subnets"},
 		{"vxlan vni 0", func(c *Config) { c.Encap, c.VXLANVNI = "vxlan", 0 }, "--vxlan-vni"},
-		{"vxlan vni too big", func(c *Config) { c.Encap, c.VXLANVNI = "vxlan", 1 << 24 }, "--vxlan-vni"},
+		{"vxlan vni too big", func(c *Config) { c.Encap, c.VXLANVNI = "vxlan", 1<<24 }, "--vxlan-vni"},
 		{"vxlan port 0", func(c *Config) { c.Encap, c.VXLANPort = "vxlan", 0 }, "--vxlan-port"},
 		{"vxlan port is the data port", func(c *Config) { c.Encap, c.VXLANPort = "vxlan", c.DataPort }, "--vxlan-port"},
 		{"log level", func(c *Config) { c.LogLevel = "loud" }, "--log-level"},
