@@ -140,15 +140,15 @@ type Device struct {
 
 	snap atomic.Pointer[snapshot] // what the packet path reads
 
-	mu     sync.Mutex // guards the fields below and serialises updates of snap
-	peers  []Peer
-	ranges []OwnedRange
-	src    netip.Addr
-	ringOK bool // SetRing was called
+	mu       sync.Mutex // guards the fields below and serialises updates of snap
+	peers    []Peer
+	ranges   []OwnedRange
+	src      netip.Addr
+	ringOK   bool                    // SetRing was called
+	sessions map[string]*peerSession // by peer name, kept a while after the peer left
 	// held: the VXLAN device's routes and entries found at start are
 	// kept until Settle (the mesh has not told of every peer yet).
-	held     bool
-	sessions map[string]*peerSession // by peer name, kept a while after the peer left
+	held bool
 
 	closeOnce sync.Once
 	closeErr  error
