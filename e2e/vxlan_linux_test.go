@@ -98,6 +98,8 @@ func (f *flow) stop(t *testing.T) (sent, received int) {
 func (f *flow) waitReplies(t *testing.T, ctx context.Context, what string, n int) {
 	t.Helper()
 	base := f.replies()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second) // 20 replies a second when it flows
+	defer cancel()
 	waitUntil(t, ctx, what, func() (bool, string) {
 		got := f.replies() - base
 		return got >= n, fmt.Sprintf("%d of %d replies from %s to %s", got, n, f.from, f.to)
