@@ -330,8 +330,22 @@ func (r *Router) bridgeConfig(ns netState) bridge.Config {
 		Guard: bridge.Guard{
 			GossipPort: uint16(r.cfg.Port), DataPort: uint16(r.cfg.DataPort),
 			IPIPPeersOnly: r.tunnel != nil && r.tunnel.ReceivesIPIP(),
+			VXLANPort:     r.vxlanGuardPort(),
 		},
 	}
+}
+
+// vxlanGuardPort is the VXLAN port the guard closes to pods and opens to
+// peers only; 0 without vxlan.
+func (r *Router) vxlanGuardPort() uint16 {
+	if r.tunnel == nil {
+		return 0
+	}
+	v, ok := r.tunnel.LocalVTEP()
+	if !ok {
+		return 0
+	}
+	return v.Port
 }
 
 // syncGuard brings both sets of the guard in step now: after the bridge
@@ -510,7 +524,7 @@ type guardCollector struct {
 
 func newGuardCollector(k Kernel) *guardCollector {
 	return &guardCollector{kernel: k, desc: prometheus.NewDesc("weft_guard_dropped_packets_total",
-		"Packets the node's nftables guard dropped, by reason (pod-to-router: a pod to a router's gossip or data port, or IPIP from a pod; ipip-non-peer: IPIP from an address that is no peer; pod-spoofed-source, pod-spoofed-arp: a pod sending with an address not its own; pod-protocol: a pod's frame that is neither IPv4 nor ARP). Counts restart when weft rewrites its tables.",
+		"Packets the node's nftables guard dropped, by reason (pod-to-router: a pod to a router's gossip or data port, or IPIP from a pod; ipip-non-peer: IPIP from an address that is no peer; pod-spoofed-source, pod-spoofed-arp: a pod sending with an address not its own; pod-protocol: a pod's frame that is neither IPv4 nor ARP; vxlan-non-peer: VXLAN from an address that is no peer). Counts restart when weft rewrites its tables.",
 		[]string{"reason"}, nil)}
 }
 
