@@ -273,11 +273,11 @@ func (b *bench) cluster(mode tunnel.Mode) (*e2e.Cluster, path, error) {
 	if mode == tunnel.ModeIPIP {
 		name += map[bool]string{true: " (kernel IPIP)", false: " (userspace IPIP: TUN + raw socket)"}[kernel]
 	}
+	progress("%s: routers ready, sending to each other with %s; pods %s (%s) and %s (%s); %s", mode, name, a, a.Prefix, pb, pb.Prefix, describe(a, c.Nodes[0], pids[0]))
 	if mode == tunnel.ModeVXLAN {
 		name += " (kernel VXLAN weft-vx)"
 		pids = nil // the kernel forwards: the routers' CPU is not the path's
 	}
-	progress("%s: routers ready, sending to each other with %s; pods %s (%s) and %s (%s); %s", mode, name, a, a.Prefix, pb, pb.Prefix, describe(a, c.Nodes[0], pids[0]))
 	return c, path{name: name + " (pod to pod, through the routers)", run: r, client: a.NS, server: pb.NS, addr: pb.IP, routers: pids}, nil
 }
 
