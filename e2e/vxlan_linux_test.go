@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"regexp"
@@ -15,6 +17,8 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/weft-net/weft/tunnel"
 )
 
 // vxlanDev is the kernel VXLAN device of --encap vxlan (tunnel.DefaultVXLANName).
@@ -294,4 +298,71 @@ func TestVXLANPassword(t *testing.T) {
 	if out, err := n.NS.Exec(ctx, "ip", "link", "show", vxlanDev); err == nil {
 		t.Errorf("a refused start made %s:\n%s", vxlanDev, out)
 	}
+}
+
+// vxlanFrame is a VXLAN packet's UDP payload: the VXLAN header with vni,
+// an Ethernet header from src to dst, and the IPv4 packet inner.
+func vxlanFrame(vni uint32, dst, src [6]byte, inner []byte) []byte {
+	b := []byte{0x08, 0, 0, 0, byte(vni >> 16), byte(vni >> 8), byte(vni), 0}
+	b = append(b, dst[:]...)
+	b = append(b, src[:]...)
+	b = append(b, 0x08, 0x00)
+	return append(b, inner...)
+}
+
+// sendUDPFrom sends payload from namespace ns to dst over a UDP socket.
+func sendUDPFrom(ns *Netns, dst netip.AddrPort, payload []byte) error {
+	return ns.Do(func() error {
+		c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(dst))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_, err = c.Write(payload)
+		return err
+	})
+}
+
+// TestVXLANFromNonPeer is the attacker's side of vxlan: a host on the
+// underlay that is no peer sends well-formed VXLAN packets to a node's
+// port 4789, with an inner packet from a pod of another node to a pod of
+// this one. The guard drops them (vxlan-non-peer), the pod gets nothing;
+// the same packet from a peer's address (the control) arrives first.
+func TestVXLANFromNonPeer(t *testing.T) {
+	c, ctx := startMeshCluster(t, 2, "--encap", "vxlan")
+	waitModes(t, ctx, c, "vxlan")
+	n0, n1 := c.Nodes[0], c.Nodes[1]
+	target, err := n0.AddPod(ctx, "target")
+	if err != nil {
+		t.Fatal(err)
+	}
+	remote, err := n1.AddPod(ctx, "remote")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := listenUDP(t, target, hostilePort)
+	evil, err := c.AddNode(ctx, "evil") // on the underlay, no router: no peer
+	if err != nil {
+		t.Fatal(err)
+	}
+	packet := func(payload []byte) []byte {
+		inner := ipv4UDP(netip.AddrPortFrom(remote.IP, 40000), netip.AddrPortFrom(target.IP, hostilePort), payload)
+		return vxlanFrame(tunnel.DefaultVNI, tunnel.VTEPMAC(n0.PeerName), tunnel.VTEPMAC(n1.PeerName), inner)
+	}
+	to := netip.AddrPortFrom(n0.UnderlayIP, tunnel.DefaultVXLANPort)
+	before, err := guardDrops(ctx, n0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	marker := newMarker("forged")
+	for i := range 3 {
+		if err := sendUDPFrom(evil.NS, to, packet(markerDatagram(marker, i+1))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	waitGrown(t, wctx, "n0's guard to drop VXLAN from a non-peer", func() (map[string]float64, error) { return guardDrops(wctx, n0) },
+		before, map[string]float64{"vxlan-non-peer": 3})
+	expectControl(t, ctx, func(payload []byte) error { return sendUDPFrom(n1.NS, to, packet(payload)) }, sink, target)
 }
