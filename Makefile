@@ -58,7 +58,7 @@ test: deps-kube build build-race kube-tools image
 # test-race-e2e: the multi-node and --kube tests again, with race-built
 # routers and CNI plugins (bin/race): a data race a daemon reports in its
 # log fails the test (e2e.NewTestRun scans every daemon's log).
-RACE_E2E ?= ThreeNodes|Dataplane|Reclaim|SplitRings|OnKubernetes|RouterRestart
+RACE_E2E ?= ThreeNodes|Dataplane|VXLAN|Reclaim|SplitRings|OnKubernetes|RouterRestart
 test-race-e2e: deps build-race kube-tools
 	WEFT_BIN_DIR=$(RACE_BIN) $(GO) test -race -count=1 -timeout 20m -run '$(RACE_E2E)' ./e2e/ ./e2e/kubeapi/
 

@@ -48,6 +48,10 @@ type Guard struct {
 	// IPIPPeersOnly drops IPIP from addresses that are not in the peers
 	// set (SetPeerAddrs): set it where this node may receive ipip.
 	IPIPPeersOnly bool
+	// VXLANPort is the port of the kernel VXLAN device where the node
+	// runs --encap vxlan (0: none): pods may not send to it, and VXLAN
+	// is taken only from addresses in the peers set, as IPIP.
+	VXLANPort uint16
 }
 
 // On reports whether the guard is configured.
@@ -57,13 +61,14 @@ func (g Guard) On() bool { return g.GossipPort != 0 && g.DataPort != 0 }
 const (
 	DropPodToRouter   = "pod-to-router"      // a pod to a router's gossip or data port, or IPIP from a pod
 	DropIPIPNonPeer   = "ipip-non-peer"      // IPIP from an address that is no known peer
+	DropVXLANNonPeer  = "vxlan-non-peer"     // VXLAN from an address that is no known peer
 	DropSpoofedSource = "pod-spoofed-source" // a pod's IPv4 packet with a source that is not its address
 	DropSpoofedARP    = "pod-spoofed-arp"    // a pod's ARP with a sender address that is not its own
 	DropPodProtocol   = "pod-protocol"       // a pod's frame that is neither IPv4 nor ARP
 )
 
 // DropReasons lists the reasons, in a fixed order.
-var DropReasons = []string{DropPodToRouter, DropIPIPNonPeer, DropSpoofedSource, DropSpoofedARP, DropPodProtocol}
+var DropReasons = []string{DropPodToRouter, DropIPIPNonPeer, DropSpoofedSource, DropSpoofedARP, DropPodProtocol, DropVXLANNonPeer}
 
 // PodSource is one pod attachment's right to send: frames from the host
 // veth Veth may carry the source Addr.

@@ -106,6 +106,9 @@ func guardRules(t *nftables.Table, in, fwd *nftables.Chain, peers *nftables.Set,
 		{fmt.Sprintf("udp/%d (data)", g.DataPort), slices.Concat(l4proto(unix.IPPROTO_UDP), dport(g.DataPort))},
 		{"ipip", ipProtoIPIP()},
 	}
+	if g.VXLANPort != 0 {
+		toRouter = append(toRouter, match{fmt.Sprintf("udp/%d (vxlan)", g.VXLANPort), slices.Concat(l4proto(unix.IPPROTO_UDP), dport(g.VXLANPort))})
+	}
 	var out []*nftables.Rule
 	for _, m := range toRouter {
 		out = append(out, &nftables.Rule{Table: t, Chain: in,
@@ -126,6 +129,15 @@ func guardRules(t *nftables.Table, in, fwd *nftables.Chain, peers *nftables.Set,
 					&expr.Lookup{SourceRegister: reg1, SetName: peers.Name, SetID: peers.ID, Invert: true},
 				}, counterDrop()),
 			UserData: comment(dropComment(DropIPIPNonPeer, "ipip from an address not in @"+peersSet))})
+	}
+	if g.VXLANPort != 0 {
+		out = append(out, &nftables.Rule{Table: t, Chain: in,
+			Exprs: slices.Concat(l4proto(unix.IPPROTO_UDP), dport(g.VXLANPort),
+				[]expr.Any{
+					&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: ipv4SrcOffset, Len: 4},
+					&expr.Lookup{SourceRegister: reg1, SetName: peers.Name, SetID: peers.ID, Invert: true},
+				}, counterDrop()),
+			UserData: comment(dropComment(DropVXLANNonPeer, fmt.Sprintf("vxlan (udp/%d) from an address not in @%s", g.VXLANPort, peersSet)))})
 	}
 	return out
 }

@@ -297,6 +297,7 @@ func (e *env) waitCount(t *testing.T, reason string, want uint64) {
 func TestGuardDropsForgedPodTraffic(t *testing.T) {
 	e := newEnv(t)
 	e.guarded()
+	e.cfg.Guard.VXLANPort = 4789 // the node runs --encap vxlan
 	e.ensure(t)
 	a := e.addPod(t, "weftaaaaaaaaaaa", netip.MustParseAddr("10.32.0.5"))
 	b := e.addPod(t, "weftbbbbbbbbbbb", netip.MustParseAddr("10.32.0.6"))
@@ -328,8 +329,8 @@ func TestGuardDropsForgedPodTraffic(t *testing.T) {
 	}
 	defer nodeNS.Close()
 	gw := e.cfg.Gateway.Addr()
-	atGossip, atData, atOther := listen(t, nodeNS, 6783), listen(t, nodeNS, 6784), listen(t, nodeNS, 9001)
-	for i, port := range []int{6783, 6784} {
+	atGossip, atData, atVXLAN, atOther := listen(t, nodeNS, 6783), listen(t, nodeNS, 6784), listen(t, nodeNS, 4789), listen(t, nodeNS, 9001)
+	for i, port := range []int{6783, 6784, 4789} {
 		if err := sendRaw(a.ns, a.addr, gw, unix.IPPROTO_UDP, udpPayload(1000, port, "to router")); err != nil {
 			t.Fatal(err)
 		}
@@ -338,7 +339,7 @@ func TestGuardDropsForgedPodTraffic(t *testing.T) {
 	if err := sendRaw(a.ns, a.addr, gw, unix.IPPROTO_IPIP, make([]byte, 40)); err != nil {
 		t.Fatal(err)
 	}
-	e.waitCount(t, DropPodToRouter, 3)
+	e.waitCount(t, DropPodToRouter, 4)
 	if err := sendRaw(a.ns, a.addr, gw, unix.IPPROTO_UDP, udpPayload(1000, 9001, "other port")); err != nil {
 		t.Fatal(err)
 	}
@@ -348,7 +349,12 @@ func TestGuardDropsForgedPodTraffic(t *testing.T) {
 		t.Errorf("the gossip port received %q", got)
 	case got := <-atData:
 		t.Errorf("the data port received %q", got)
+	case got := <-atVXLAN:
+		t.Errorf("the VXLAN port received %q", got)
 	default:
+	}
+	if c, _ := DropCounts(e.ns.Path()); c[DropVXLANNonPeer] != 0 {
+		t.Errorf("counted %d as vxlan-non-peer: the pod's VXLAN is a pod-to-router drop", c[DropVXLANNonPeer])
 	}
 	if c, _ := DropCounts(e.ns.Path()); c[DropIPIPNonPeer] != 0 {
 		t.Errorf("counted %d as ipip-non-peer: the pod's IPIP is a pod-to-router drop", c[DropIPIPNonPeer])

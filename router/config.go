@@ -36,6 +36,8 @@ type Config struct {
 	Bridge       string // --bridge
 	MTU          int    // --mtu: 0 = derive
 	Encap        string // --encap
+	VXLANPort    int    // --vxlan-port: UDP port of the kernel VXLAN device (--encap vxlan)
+	VXLANVNI     int    // --vxlan-vni: its VXLAN network identifier
 	CNIBinDir    string // --cni-bin-dir
 	CNIConfDir   string // --cni-conf-dir
 	LogLevel     string // --log-level
@@ -75,6 +77,8 @@ func Defaults() Config {
 		StateDir:     "/var/lib/weft",
 		Bridge:       "weft",
 		Encap:        "auto",
+		VXLANPort:    tunnel.DefaultVXLANPort,
+		VXLANVNI:     tunnel.DefaultVNI,
 		CNIBinDir:    "/opt/cni/bin",
 		CNIConfDir:   "/etc/cni/net.d",
 		LogLevel:     "info",
@@ -194,6 +198,13 @@ func (c Config) Validate() (*Validated, error) {
 	}
 	add(checkPort("--port", c.Port))
 	add(checkPort("--data-port", c.DataPort))
+	add(checkPort("--vxlan-port", c.VXLANPort))
+	if c.VXLANVNI < 1 || c.VXLANVNI > tunnel.MaxVNI {
+		add(fmt.Errorf("invalid --vxlan-vni %d: give 1..%d, the same on every node (default %d)", c.VXLANVNI, tunnel.MaxVNI, tunnel.DefaultVNI))
+	}
+	if v.EncapMode == tunnel.ModeVXLAN && (c.VXLANPort == c.DataPort || c.VXLANPort == c.Port) {
+		add(fmt.Errorf("invalid --vxlan-port %d: it is also the gossip or data port; give another (default %d)", c.VXLANPort, tunnel.DefaultVXLANPort))
+	}
 	if c.MTU != 0 {
 		_, err := tunnel.PodMTU(0, c.MTU, tunnel.ModeAuto)
 		add(err)
@@ -235,6 +246,9 @@ func (c Config) Validate() (*Validated, error) {
 			continue
 		}
 		v.TrustedPrefixes = append(v.TrustedPrefixes, p.Masked())
+	}
+	if v.EncapMode == tunnel.ModeVXLAN && v.Secret != nil && len(v.TrustedPrefixes) == 0 {
+		add(errors.New("--encap vxlan with a password: vxlan cannot be encrypted, so it is used only with peers in --trusted-subnets; give the underlay subnets whose traffic may go unencrypted in --trusted-subnets, or use --encap udp (sealed) or auto"))
 	}
 	if c.Kube {
 		switch c.KubeAddressType {
@@ -361,6 +375,7 @@ func (c Config) Options() map[string]string {
 		"peers": c.Peers, "ipalloc-range": c.IPAllocRange, "ipalloc-init": c.IPAllocInit,
 		"http-addr": c.HTTPAddr, "socket": c.Socket, "state-dir": c.StateDir,
 		"bridge": c.Bridge, "mtu": strconv.Itoa(c.MTU), "encap": c.Encap,
+		"vxlan-port": strconv.Itoa(c.VXLANPort), "vxlan-vni": strconv.Itoa(c.VXLANVNI),
 		"cni-bin-dir": c.CNIBinDir, "cni-conf-dir": c.CNIConfDir, "log-level": c.LogLevel,
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/weft-net/weft/tunnel"
 )
 
 func validConfig(t testing.TB) Config {
@@ -30,7 +32,12 @@ func TestValidate(t *testing.T) {
 		{"init unknown", func(c *Config) { c.IPAllocInit = "paxos" }, "--ipalloc-init"},
 		{"init consensus=0", func(c *Config) { c.IPAllocInit = "consensus=0" }, "consensus=N"},
 		{"init seed empty", func(c *Config) { c.IPAllocInit = "seed=" }, "seed="},
-		{"encap", func(c *Config) { c.Encap = "vxlan" }, "--encap"},
+		{"encap", func(c *Config) { c.Encap = "sleeve" }, "--encap"},
+		{"vxlan with a password", func(c *Config) { c.Encap, c.Password = "vxlan", "a-long-enough-pw" }, "--trusted-subnets"},
+		{"vxlan vni 0", func(c *Config) { c.Encap, c.VXLANVNI = "vxlan", 0 }, "--vxlan-vni"},
+		{"vxlan vni too big", func(c *Config) { c.Encap, c.VXLANVNI = "vxlan", 1<<24 }, "--vxlan-vni"},
+		{"vxlan port 0", func(c *Config) { c.Encap, c.VXLANPort = "vxlan", 0 }, "--vxlan-port"},
+		{"vxlan port is the data port", func(c *Config) { c.Encap, c.VXLANPort = "vxlan", c.DataPort }, "--vxlan-port"},
 		{"log level", func(c *Config) { c.LogLevel = "loud" }, "--log-level"},
 		{"gc grace negative", func(c *Config) { c.GCGrace = -time.Second }, "--gc-grace"},
 		{"gc grace too long", func(c *Config) { c.GCGrace = 2 * time.Hour }, "--gc-grace"},
@@ -58,6 +65,21 @@ func TestValidate(t *testing.T) {
 				t.Fatalf("Validate() = %v, want an error containing %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestValidateVXLAN: vxlan is accepted without a password, and with one
+// only beside trusted subnets (where its plaintext is allowed).
+func TestValidateVXLAN(t *testing.T) {
+	c := validConfig(t)
+	c.Encap = "VXLAN"
+	v, err := c.Validate()
+	if err != nil || v.EncapMode != tunnel.ModeVXLAN || v.VXLANPort != tunnel.DefaultVXLANPort || v.VXLANVNI != tunnel.DefaultVNI {
+		t.Fatalf("Validate(--encap vxlan) = %+v, %v", v, err)
+	}
+	c.Password, c.TrustedSubnets = "a-long-enough-pw", "192.168.0.0/16"
+	if _, err := c.Validate(); err != nil {
+		t.Fatalf("Validate(--encap vxlan, a password, --trusted-subnets) = %v", err)
 	}
 }
 
@@ -175,7 +197,7 @@ func TestOptionsHaveEveryFlagAndRange(t *testing.T) {
 	if opts["ipalloc-range"] != "10.32.0.0/12" {
 		t.Fatalf("options line lacks ipalloc-range: %v", opts)
 	}
-	if len(opts) != 27 {
+	if len(opts) != 29 {
 		t.Fatalf("options has %d entries; a new flag must be added to Options()", len(opts))
 	}
 }

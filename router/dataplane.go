@@ -44,6 +44,8 @@ func (r *Router) openTunnel() error {
 		Underlay:       ns.host,
 		Listen:         listen,
 		TrustedSubnets: r.cfg.TrustedPrefixes,
+		VXLANPort:      uint16(r.cfg.VXLANPort),
+		VNI:            uint32(r.cfg.VXLANVNI),
 		Logger:         r.log,
 		Registerer:     r.metrics.reg,
 	}
@@ -104,6 +106,7 @@ func (r *Router) routineDataplane(ctx context.Context) {
 	t := time.NewTicker(dataplaneResync)
 	defer t.Stop()
 	for {
+		r.settleTunnel()
 		r.syncPeers()
 		r.syncRing()
 		select {
@@ -119,26 +122,49 @@ func (r *Router) routineDataplane(ctx context.Context) {
 
 // tunnelPeers turns the mesh's view into the tunnel's peers: every peer
 // that has not left, with a readable record (an unreachable peer keeps its
-// ranges, and the data path to it may still work).
+// ranges, and the data path to it may still work). A peer that left but
+// has a VTEP is kept too: its router stopped, and its kernel's VXLAN
+// device goes on carrying its pods' traffic (until rmpeer hands its
+// ranges on, or the mesh forgets it).
 func tunnelPeers(peers []mesh.Peer) []tunnel.Peer {
 	var out []tunnel.Peer
 	for _, p := range peers {
-		if p.Self || p.State == mesh.StateLeft || p.MetaError != "" || !p.Addr.IsValid() {
+		if p.Self || p.MetaError != "" || !p.Addr.IsValid() {
 			continue
 		}
 		t, ok := peerTunnelRecord(p)
 		if !ok {
 			continue // no record, or one refused (the mesh logged why)
 		}
+		vtep := peerVTEP(p)
+		if p.State == mesh.StateLeft && vtep == nil {
+			continue
+		}
 		out = append(out, tunnel.Peer{
 			Name:      string(p.Name),
 			Underlay:  p.Addr.Addr(),
 			DataPort:  t.DataPort,
 			Encaps:    tunnel.ParseEncaps(t.Encaps),
+			VTEP:      vtep,
 			PublicKey: t.PublicKey,
 		})
 	}
 	return out
+}
+
+// settleTunnel ends the tunnel's hold on the kernel's vxlan entries once
+// the mesh's view is meaningful (meshSettled): before, a peer not heard
+// of yet may well be alive behind the entries a router before this one
+// left.
+func (r *Router) settleTunnel() {
+	if r.tunnelSettled || !r.meshSettled() {
+		return
+	}
+	if err := r.tunnel.Settle(); err != nil {
+		r.log.Error("data plane: reconciling after the mesh settled", "err", err)
+		return
+	}
+	r.tunnelSettled = true
 }
 
 func (r *Router) syncPeers() {
@@ -304,8 +330,22 @@ func (r *Router) bridgeConfig(ns netState) bridge.Config {
 		Guard: bridge.Guard{
 			GossipPort: uint16(r.cfg.Port), DataPort: uint16(r.cfg.DataPort),
 			IPIPPeersOnly: r.tunnel != nil && r.tunnel.ReceivesIPIP(),
+			VXLANPort:     r.vxlanGuardPort(),
 		},
 	}
+}
+
+// vxlanGuardPort is the VXLAN port the guard closes to pods and opens to
+// peers only; 0 without vxlan.
+func (r *Router) vxlanGuardPort() uint16 {
+	if r.tunnel == nil {
+		return 0
+	}
+	v, ok := r.tunnel.LocalVTEP()
+	if !ok {
+		return 0
+	}
+	return v.Port
 }
 
 // syncGuard brings both sets of the guard in step now: after the bridge
@@ -484,7 +524,7 @@ type guardCollector struct {
 
 func newGuardCollector(k Kernel) *guardCollector {
 	return &guardCollector{kernel: k, desc: prometheus.NewDesc("weft_guard_dropped_packets_total",
-		"Packets the node's nftables guard dropped, by reason (pod-to-router: a pod to a router's gossip or data port, or IPIP from a pod; ipip-non-peer: IPIP from an address that is no peer; pod-spoofed-source, pod-spoofed-arp: a pod sending with an address not its own; pod-protocol: a pod's frame that is neither IPv4 nor ARP). Counts restart when weft rewrites its tables.",
+		"Packets the node's nftables guard dropped, by reason (pod-to-router: a pod to a router's gossip or data port, or IPIP from a pod; ipip-non-peer: IPIP from an address that is no peer; pod-spoofed-source, pod-spoofed-arp: a pod sending with an address not its own; pod-protocol: a pod's frame that is neither IPv4 nor ARP; vxlan-non-peer: VXLAN from an address that is no peer). Counts restart when weft rewrites its tables.",
 		[]string{"reason"}, nil)}
 }
 

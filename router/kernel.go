@@ -20,8 +20,8 @@ type Kernel interface {
 	// EnsureBridge makes the pod bridge and its rules as cfg says,
 	// changing only what differs (and logging each change).
 	EnsureBridge(cfg bridge.Config, log *slog.Logger) error
-	// Teardown removes the bridge, its rules and the kernel IPIP device
-	// (weft reset).
+	// Teardown removes the bridge, its rules and the kernel IPIP and
+	// VXLAN devices (weft reset).
 	Teardown(bridgeName string, log *slog.Logger) error
 	// NewTunnel opens the data plane.
 	NewTunnel(cfg tunnel.Config) (*tunnel.Device, error)
@@ -51,8 +51,11 @@ func (HostKernel) Teardown(name string, log *slog.Logger) error {
 	if err := bridge.Teardown("", name, log); err != nil {
 		return fmt.Errorf("removing bridge %s: %w", name, err)
 	}
-	// The TUN device went with the tunnel; a kernel IPIP device stays
-	// across restarts and is removed here.
+	// The TUN device went with the tunnel; the kernel IPIP and VXLAN
+	// devices stay across restarts and are removed here.
+	if err := tunnel.RemoveKernelVXLAN(tunnel.DefaultVXLANName); err != nil {
+		return err
+	}
 	return tunnel.RemoveKernelIPIP(tunnel.DefaultIPIPName)
 }
 

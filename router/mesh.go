@@ -11,6 +11,7 @@ import (
 
 	"github.com/weft-net/weft/ipalloc"
 	"github.com/weft-net/weft/mesh"
+	"github.com/weft-net/weft/tunnel"
 )
 
 // State keys of the mesh's remembered peers.
@@ -31,6 +32,14 @@ func (r *Router) newMesh() error {
 	if err != nil {
 		return fmt.Errorf("the tunnel's record in the mesh metadata: %w", err)
 	}
+	var vtep *tunnel.VTEP
+	if v, ok := r.tunnel.LocalVTEP(); ok {
+		vtep = &v
+	}
+	vx, err := vxlanMetaComponent(vtep)
+	if err != nil {
+		return fmt.Errorf("the vxlan record in the mesh metadata: %w", err)
+	}
 	host := r.net().host
 	bind := ""
 	if isLocalAddr(host) {
@@ -42,7 +51,7 @@ func (r *Router) newMesh() error {
 		BindAddr:      bind,
 		AdvertiseAddr: host.String(),
 		Port:          r.cfg.Port,
-		Components:    []mesh.Component{tun},
+		Components:    []mesh.Component{tun, vx},
 		SecretKey:     r.gossipKey(),
 		Version:       Version,
 		Peers:         r.cfg.PeerList,

@@ -57,6 +57,7 @@ type Router struct {
 	dataplaneKick chan struct{}
 	lastRanges    []tunnel.OwnedRange // as last applied, by routineDataplane only
 	lastResync    time.Time           // by routineDataplane only
+	tunnelSettled bool                // tunnel.Settle done, by routineDataplane only
 	guard         guardState          // the bridge guard's sets (dataplane.go)
 
 	mu       sync.Mutex

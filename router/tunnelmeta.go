@@ -4,8 +4,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net/netip"
 
 	"github.com/weft-net/weft/mesh"
+	"github.com/weft-net/weft/tunnel"
 )
 
 // The tunnel's record in the mesh metadata: what a peer needs to send to
@@ -159,4 +161,89 @@ func peerTunnelRecord(p mesh.Peer) (tunnelRecord, bool) {
 	}
 	t, err := decodeTunnelRecord(b.Version, b.Data)
 	return t, err == nil
+}
+
+// The vxlan record in the mesh metadata (component "vxlan", version 1):
+// this node's end of the vxlan overlay (tunnel.VTEP), which a peer needs
+// for its neighbour and FDB entry towards this node:
+//
+//	mac:6 addr:4 port:2(BE) vni:3(BE)
+//
+// A node without vxlan publishes the component empty. The tunnel record's
+// layout is frozen (see above), so the VTEP travels in its own component.
+const (
+	vxlanComponent = "vxlan"
+	vxlanVersion   = 1
+	vxlanRecordLen = 6 + 4 + 2 + 3
+)
+
+var errVXLANRecord = errors.New("vxlan record")
+
+// encodeVXLANRecord encodes v; nil encodes "no vxlan".
+func encodeVXLANRecord(v *tunnel.VTEP) ([]byte, error) {
+	if v == nil {
+		return nil, nil
+	}
+	if err := v.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", errVXLANRecord, err)
+	}
+	b := append([]byte(nil), v.MAC[:]...)
+	a := v.Addr.As4()
+	b = append(b, a[:]...)
+	b = binary.BigEndian.AppendUint16(b, v.Port)
+	return append(b, byte(v.VNI>>16), byte(v.VNI>>8), byte(v.VNI)), nil
+}
+
+// decodeVXLANRecord decodes a peer's vxlan blob: nil for an empty one
+// (the peer has no vxlan). It never panics.
+func decodeVXLANRecord(version uint8, data []byte) (*tunnel.VTEP, error) {
+	if version != vxlanVersion {
+		return nil, fmt.Errorf("%w: version %d, this router reads version %d", errVXLANRecord, version, vxlanVersion)
+	}
+	if len(data) == 0 {
+		return nil, nil
+	}
+	if len(data) != vxlanRecordLen {
+		return nil, fmt.Errorf("%w: %d bytes, want %d", errVXLANRecord, len(data), vxlanRecordLen)
+	}
+	v := &tunnel.VTEP{
+		MAC:  [6]byte(data[:6]),
+		Addr: netip.AddrFrom4([4]byte(data[6:10])),
+		Port: binary.BigEndian.Uint16(data[10:12]),
+		VNI:  uint32(data[12])<<16 | uint32(data[13])<<8 | uint32(data[14]),
+	}
+	if err := v.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", errVXLANRecord, err)
+	}
+	return v, nil
+}
+
+// vxlanMetaComponent is the vxlan record's registration in the mesh
+// metadata; v is this node's VTEP, nil without vxlan.
+func vxlanMetaComponent(v *tunnel.VTEP) (mesh.Component, error) {
+	data, err := encodeVXLANRecord(v)
+	if err != nil {
+		return mesh.Component{}, err
+	}
+	return mesh.Component{
+		Name: vxlanComponent, Version: vxlanVersion, Data: data, Max: vxlanRecordLen,
+		Check: func(version uint8, data []byte) error {
+			_, err := decodeVXLANRecord(version, data)
+			return err
+		},
+	}, nil
+}
+
+// peerVTEP is a peer's VTEP from its metadata; nil if it publishes none
+// that this router accepted.
+func peerVTEP(p mesh.Peer) *tunnel.VTEP {
+	b, ok := p.Meta.Component(vxlanComponent)
+	if !ok {
+		return nil
+	}
+	v, err := decodeVXLANRecord(b.Version, b.Data)
+	if err != nil {
+		return nil
+	}
+	return v
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/weft-net/weft/mesh"
+	"github.com/weft-net/weft/tunnel"
 )
 
 func TestTunnelRecordRoundTrip(t *testing.T) {
@@ -101,6 +102,93 @@ func FuzzTunnelRecord(f *testing.F) {
 		enc, err := encodeTunnelRecord(rec)
 		if err != nil || !bytes.Equal(enc, b[:n]) {
 			t.Fatalf("%x accepted as %+v, re-encoded %x, %v", b, rec, enc, err)
+		}
+	})
+}
+
+func TestVXLANRecordRoundTrip(t *testing.T) {
+	v := &tunnel.VTEP{MAC: tunnel.VTEPMAC("a"), Addr: netip.MustParseAddr("192.0.2.1"), Port: 4789, VNI: tunnel.MaxVNI}
+	b, err := encodeVXLANRecord(v)
+	if err != nil || len(b) != vxlanRecordLen {
+		t.Fatalf("encode: %x, %v", b, err)
+	}
+	got, err := decodeVXLANRecord(vxlanVersion, b)
+	if err != nil || *got != *v {
+		t.Fatalf("round trip: %+v, %v; want %+v", got, err, v)
+	}
+	if b, err := encodeVXLANRecord(nil); err != nil || len(b) != 0 {
+		t.Fatalf("no VTEP encodes %x, %v; want nothing", b, err)
+	}
+	if got, err := decodeVXLANRecord(vxlanVersion, nil); got != nil || err != nil {
+		t.Fatalf("empty record: %v, %v; want no VTEP", got, err)
+	}
+	bad := *v
+	bad.MAC[0] |= 1
+	if _, err := encodeVXLANRecord(&bad); err == nil {
+		t.Error("a multicast MAC encoded")
+	}
+	mcast, _ := encodeVXLANRecord(v)
+	mcast[6] = 239 // the address 239.0.2.1
+	for name, b := range map[string][]byte{"short": b[:14], "long": append(bytes.Clone(b), 0), "multicast address": mcast, "vni 0": append(bytes.Clone(b[:12]), 0, 0, 0)} {
+		if _, err := decodeVXLANRecord(vxlanVersion, b); err == nil {
+			t.Errorf("%s: decoded", name)
+		}
+	}
+	if _, err := decodeVXLANRecord(2, b); err == nil {
+		t.Error("version 2 decoded as version 1")
+	}
+}
+
+// A peer's VTEP reaches the data plane; a peer that left is kept only if
+// it has one (its kernel goes on carrying its pods' traffic).
+func TestTunnelPeersVTEP(t *testing.T) {
+	rec, _ := encodeTunnelRecord(tunnelRecord{DataPort: 6784, Encaps: []string{"vxlan"}})
+	v := &tunnel.VTEP{MAC: tunnel.VTEPMAC("a"), Addr: netip.MustParseAddr("10.0.0.1"), Port: 4789, VNI: 1}
+	vx, _ := encodeVXLANRecord(v)
+	peer := func(name string, state mesh.PeerState, vxlan []byte) mesh.Peer {
+		cs := map[string]mesh.Blob{"tunnel": {Version: 1, Data: rec}}
+		if vxlan != nil {
+			cs["vxlan"] = mesh.Blob{Version: vxlanVersion, Data: vxlan}
+		}
+		return mesh.Peer{Name: mesh.PeerName(name), Addr: netip.MustParseAddrPort("10.0.0.1:6783"), State: state, Meta: mesh.Meta{Components: cs}}
+	}
+	got := tunnelPeers([]mesh.Peer{
+		peer("a", mesh.StateAlive, vx),
+		peer("b", mesh.StateLeft, vx),
+		peer("c", mesh.StateLeft, nil),
+		peer("d", mesh.StateAlive, []byte{}),
+		peer("e", mesh.StateUnreachable, vx[:3]),
+	})
+	var names []string
+	for _, p := range got {
+		names = append(names, p.Name)
+		switch {
+		case (p.Name == "a" || p.Name == "b") && (p.VTEP == nil || *p.VTEP != *v):
+			t.Errorf("%s: VTEP %v, want %v", p.Name, p.VTEP, v)
+		case (p.Name == "d" || p.Name == "e") && p.VTEP != nil:
+			t.Errorf("%s: VTEP %v, want none", p.Name, p.VTEP)
+		}
+	}
+	if strings.Join(names, ",") != "a,b,d,e" {
+		t.Errorf("tunnel peers %v, want a,b,d,e (c left without a VTEP)", names)
+	}
+}
+
+func FuzzVXLANRecord(f *testing.F) {
+	good, _ := encodeVXLANRecord(&tunnel.VTEP{MAC: tunnel.VTEPMAC("a"), Addr: netip.MustParseAddr("192.0.2.1"), Port: 4789, VNI: 6784})
+	f.Add(good)
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		v, err := decodeVXLANRecord(vxlanVersion, b)
+		if err != nil || v == nil {
+			return
+		}
+		if err := v.Validate(); err != nil {
+			t.Fatalf("%x accepted as %v: %v", b, v, err)
+		}
+		enc, err := encodeVXLANRecord(v)
+		if err != nil || !bytes.Equal(enc, b) {
+			t.Fatalf("%x accepted as %v, re-encoded %x, %v", b, v, enc, err)
 		}
 	})
 }

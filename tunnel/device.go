@@ -31,10 +31,17 @@ const (
 // Config configures a Device.
 type Config struct {
 	Self string // this peer's name
-	Mode Mode   // --encap: udp, ipip or auto
+	Mode Mode   // --encap: udp, vxlan, ipip or auto
 
 	TUNName  string // the TUN device; DefaultTUNName if empty
 	IPIPName string // the kernel IPIP device; DefaultIPIPName if empty
+	// VXLANName, VXLANPort and VNI are the kernel VXLAN device of the
+	// vxlan mode (--vxlan-port, --vxlan-vni): DefaultVXLANName,
+	// DefaultVXLANPort and DefaultVNI if zero. Every node must use the
+	// same port and VNI.
+	VXLANName string
+	VXLANPort uint16
+	VNI       uint32
 	// MTU is the TUN device's MTU: the pod MTU, from PodMTU.
 	MTU int
 	// UnderlayMTU is the underlay interface's MTU; a packet bigger than
@@ -89,6 +96,9 @@ type Config struct {
 	UDP     conn.Bind
 	IPIP    conn.Bind // userspace IPIP (a raw socket of protocol 4)
 	Routing RouteApplier
+	// VTEPs, with TUN set, makes vxlan available (its device is taken to
+	// exist) and keeps its neighbours and FDB entries.
+	VTEPs VTEPApplier
 }
 
 // RouteApplier makes the kernel's routes into the tunnel the wanted ones.
@@ -115,6 +125,8 @@ type Device struct {
 	kernel  bool                    // ipip is kernel IPIP (no userspace socket)
 	local   []Mode                  // what this node can do, fastest first
 	routing RouteApplier
+	vtep    *VTEP       // this node's end of vxlan; nil: no vxlan
+	vteps   VTEPApplier // the VXLAN device's neighbours and FDB
 
 	maxInner [numWireModes]int // largest inner packet per mode
 	bufSize  int               // receive buffers: the largest datagram we accept
@@ -134,6 +146,9 @@ type Device struct {
 	src      netip.Addr
 	ringOK   bool                    // SetRing was called
 	sessions map[string]*peerSession // by peer name, kept a while after the peer left
+	// held: the VXLAN device's routes and entries found at start are
+	// kept until Settle (the mesh has not told of every peer yet).
+	held bool
 
 	closeOnce sync.Once
 	closeErr  error
@@ -169,9 +184,21 @@ func New(cfg Config) (*Device, error) {
 		return nil, errors.New("tunnel: Self (this peer's name) is empty")
 	}
 	switch cfg.Mode {
-	case ModeUDP, ModeIPIP, ModeAuto:
+	case ModeUDP, ModeIPIP, ModeVXLAN, ModeAuto:
 	default:
-		return nil, fmt.Errorf("unknown --encap %q: use one of udp, ipip, auto", cfg.Mode)
+		return nil, fmt.Errorf("unknown --encap %q: use one of udp, vxlan, ipip, auto", cfg.Mode)
+	}
+	if cfg.VXLANName == "" {
+		cfg.VXLANName = DefaultVXLANName
+	}
+	if cfg.VXLANPort == 0 {
+		cfg.VXLANPort = DefaultVXLANPort
+	}
+	if cfg.VNI == 0 {
+		cfg.VNI = DefaultVNI
+	}
+	if cfg.VNI > MaxVNI {
+		return nil, fmt.Errorf("--vxlan-vni %d out of range 1..%d", cfg.VNI, MaxVNI)
 	}
 	if cfg.TUNName == "" {
 		cfg.TUNName = DefaultTUNName
@@ -197,7 +224,7 @@ func New(cfg Config) (*Device, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	d := &Device{cfg: cfg, log: cfg.Logger, closed: make(chan struct{}), now: cfg.Now, sessions: map[string]*peerSession{}}
+	d := &Device{cfg: cfg, log: cfg.Logger, closed: make(chan struct{}), now: cfg.Now, sessions: map[string]*peerSession{}, held: true}
 	if err := d.setupCrypto(); err != nil {
 		return nil, err
 	}
@@ -220,13 +247,17 @@ func New(cfg Config) (*Device, error) {
 	} else {
 		d.tun, d.routing = cfg.TUN, cfg.Routing
 		d.binds[idxUDP], d.binds[idxIPIP] = cfg.UDP, cfg.IPIP
+		if cfg.VTEPs != nil && cfg.Mode == ModeVXLAN {
+			d.vteps = cfg.VTEPs
+			d.vtep = &VTEP{MAC: VTEPMAC(cfg.Self), Addr: cfg.Underlay, Port: cfg.VXLANPort, VNI: cfg.VNI}
+		}
 	}
 	d.local = d.capabilities()
 	if cfg.Mode != ModeAuto && !slices.Contains(d.local, cfg.Mode) {
 		d.Close()
 		alt := "udp"
 		if cfg.Mode == ModeUDP {
-			alt = "ipip"
+			alt = "vxlan"
 		}
 		return nil, fmt.Errorf("this node cannot do --encap %s: use --encap %s or auto", cfg.Mode, alt)
 	}
@@ -239,7 +270,7 @@ func New(cfg Config) (*Device, error) {
 	}
 	d.snap.Store(&snapshot{peers: map[string]*peerPath{}, byAddr: map[netip.Addr]string{}})
 	d.log.Info("tunnel ready", "device", d.tun.Name(), "mode", cfg.Mode, "can", modeList(d.local),
-		"kernel-ipip", d.kernel, "mtu", cfg.MTU, "underlay-mtu", cfg.UnderlayMTU, "queues", len(d.tun.Queues()),
+		"kernel-ipip", d.kernel, "vxlan", d.vtepString(), "mtu", cfg.MTU, "underlay-mtu", cfg.UnderlayMTU, "queues", len(d.tun.Queues()),
 		"offloads", d.offloads(), "encryption", d.Encryption().String(), "trusted-subnets", prefixList(d.trusted))
 	if d.crypto == nil {
 		d.log.Info("data plane unencrypted: no password set; udp frames cross the underlay in the clear")
@@ -269,6 +300,9 @@ func (d *Device) offloads() string {
 // faster than userspace IPIP (docs/benchmarks.md) and keeps checksums.
 func (d *Device) capabilities() []Mode {
 	var out []Mode
+	if d.vtep != nil {
+		out = append(out, ModeVXLAN)
+	}
 	if d.kernel {
 		out = append(out, ModeIPIP)
 	}
@@ -288,6 +322,45 @@ func (d *Device) Encaps() []Mode {
 		return []Mode{d.cfg.Mode}
 	}
 	return slices.Clone(d.local)
+}
+
+// LocalVTEP is this node's end of the vxlan overlay, for its mesh
+// metadata; false without vxlan.
+func (d *Device) LocalVTEP() (VTEP, bool) {
+	if d.vtep == nil {
+		return VTEP{}, false
+	}
+	return *d.vtep, true
+}
+
+func (d *Device) vtepString() string {
+	if d.vtep == nil {
+		return "off"
+	}
+	return d.cfg.VXLANName + " " + d.vtep.String()
+}
+
+// Settle ends the hold on what the VXLAN device had at start: until it is
+// called, its routes to peers not heard of yet and every neighbour and FDB
+// entry are kept, so that a router that restarts does not cut the traffic
+// the kernel kept carrying while the mesh tells it who is where. The
+// router calls it once the mesh has settled; it then reconciles at once.
+func (d *Device) Settle() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.held {
+		return nil
+	}
+	d.held = false
+	if d.vtep == nil {
+		return nil
+	}
+	d.log.Info("vxlan: the mesh has settled; entries of peers that are gone are removed from now on", "device", d.cfg.VXLANName)
+	err := d.applyVTEPsLocked()
+	if d.ringOK {
+		err = errors.Join(err, d.applyRoutesLocked())
+	}
+	return err
 }
 
 // KernelIPIP reports whether ipip traffic goes through the kernel's IPIP
@@ -312,7 +385,7 @@ type Connection struct {
 	Peer       string         `json:"peer"`
 	Address    netip.AddrPort `json:"address"` // where its data goes (port 0 for ipip)
 	Mode       Mode           `json:"mode,omitempty"`
-	Kernel     bool           `json:"kernel,omitempty"` // through kernel IPIP
+	Kernel     bool           `json:"kernel,omitempty"` // through kernel IPIP or VXLAN
 	Advertised []Mode         `json:"advertised,omitempty"`
 	// Encrypted says frames to the peer are sealed (and plaintext from
 	// it is refused).
@@ -328,10 +401,10 @@ func (d *Device) Connections() []Connection {
 	s := d.snap.Load()
 	out := make([]Connection, 0, len(s.peers))
 	for _, p := range s.peers {
-		c := Connection{Peer: p.Name, Mode: p.mode, Advertised: p.Encaps, Kernel: p.mode == ModeIPIP && d.kernel,
+		c := Connection{Peer: p.Name, Mode: p.mode, Advertised: p.Encaps, Kernel: p.mode == ModeIPIP && d.kernel || p.mode == ModeVXLAN,
 			Encrypted: p.mode != "" && !p.plain && p.sess != nil, Trusted: p.trusted}
 		if p.mode != "" {
-			c.Address = p.dst[modeIndex(p.mode)]
+			c.Address = p.addr()
 		}
 		if p.err != nil {
 			c.Error = p.err.Error()
@@ -363,10 +436,10 @@ func (d *Device) SetPeers(peers []Peer) error {
 				d.log.Warn(fmt.Sprintf("peer %s: no encapsulation in common; its traffic is dropped", name), "peer", name, "err", p.err)
 			default:
 				d.log.Info(fmt.Sprintf("peer %s: sending with %s, %s", name, p.mode, p.protection()), "peer", name, "mode", p.mode,
-					"address", p.dst[modeIndex(p.mode)], "kernel", p.mode == ModeIPIP && d.kernel, "encrypted", !p.plain)
+					"address", p.addr(), "kernel", p.mode == ModeIPIP && d.kernel || p.mode == ModeVXLAN, "encrypted", !p.plain)
 			}
-		case o.Underlay != p.Underlay || o.DataPort != p.DataPort:
-			d.log.Info(fmt.Sprintf("peer %s moved to %s", name, p.dst[modeIndex(p.mode)]), "peer", name)
+		case o.Underlay != p.Underlay || o.DataPort != p.DataPort || !sameVTEP(o.VTEP, p.VTEP):
+			d.log.Info(fmt.Sprintf("peer %s moved to %s", name, p.addr()), "peer", name)
 		}
 		d.setPeerModeMetricLocked(name, o, p)
 	}
@@ -376,10 +449,14 @@ func (d *Device) SetPeers(peers []Peer) error {
 		}
 	}
 	d.snap.Store(next)
-	if d.kernel && d.ringOK && routeTargetsDiffer(old, next) {
-		return d.applyRoutesLocked()
+	var err error
+	if d.vtep != nil {
+		err = d.applyVTEPsLocked()
 	}
-	return nil
+	if (d.kernel || d.vtep != nil) && d.ringOK && routeTargetsDiffer(old, next) {
+		err = errors.Join(err, d.applyRoutesLocked())
+	}
+	return err
 }
 
 func metricMode(m Mode) string {
@@ -400,7 +477,7 @@ func (d *Device) setPeerModeMetricLocked(name string, o, p *peerPath) {
 func routeTargetsDiffer(a, b *snapshot) bool {
 	for name, p := range b.peers {
 		o := a.peers[name]
-		if o == nil || o.mode != p.mode || o.Underlay != p.Underlay {
+		if o == nil || o.mode != p.mode || o.Underlay != p.Underlay || !sameVTEP(o.VTEP, p.VTEP) {
 			return true
 		}
 	}
@@ -426,6 +503,7 @@ func (d *Device) buildLocked(routes *Table) *snapshot {
 		}
 		pp.dst[idxUDP] = netip.AddrPortFrom(p.Underlay, port)
 		pp.dst[idxIPIP] = netip.AddrPortFrom(p.Underlay, 0)
+		pp.VTEP = nil // set below if vxlan is used with the peer
 		switch {
 		case !p.Underlay.Is4():
 			pp.err = fmt.Errorf("peer %s has no IPv4 underlay address (%v)", p.Name, p.Underlay)
@@ -437,9 +515,17 @@ func (d *Device) buildLocked(routes *Table) *snapshot {
 		default:
 			pp.mode, pp.err = ChooseMode(d.cfg.Mode, d.local, p.Encaps)
 		}
+		if pp.mode == ModeVXLAN {
+			if err := vxlanPeerError(*d.vtep, p); err != nil {
+				pp.mode, pp.err = "", err
+			} else {
+				v := *p.VTEP
+				pp.VTEP = &v
+			}
+		}
 		if pp.mode != "" {
 			pp.tunIdx = modeIndex(pp.mode)
-			if pp.mode == ModeIPIP && d.kernel {
+			if pp.mode == ModeIPIP && d.kernel || pp.mode == ModeVXLAN {
 				// Its routes go to the kernel IPIP device; a packet that
 				// still reaches the TUN device (a route being changed)
 				// goes by udp if the peer has it.
@@ -455,6 +541,13 @@ func (d *Device) buildLocked(routes *Table) *snapshot {
 		}
 	}
 	d.parkSessionsLocked(present)
+	if d.vtep != nil {
+		_, clash := vtepEntries(s.peers)
+		for name, err := range clash {
+			p := s.peers[name]
+			p.mode, p.err, p.tunIdx, p.VTEP = "", err, -1, nil
+		}
+	}
 	return s
 }
 
@@ -485,21 +578,53 @@ func (d *Device) WantedRoutes() []Route {
 	return d.wantLocked()
 }
 
-func (d *Device) wantLocked() []Route {
+func (d *Device) wantLocked() []Route { return d.wantKeeping(nil) }
+
+// wantKeeping is wantLocked, but a peer not heard of yet keeps the route
+// on the VXLAN device that kept has for its ranges (see Settle).
+func (d *Device) wantKeeping(kept []Route) []Route {
 	s := d.snap.Load()
 	return WantRoutes(d.ranges, d.cfg.Self, d.src, func(peer string) (string, netip.Addr) {
-		if p := s.peers[peer]; p != nil && p.mode == ModeIPIP && d.kernel {
+		p := s.peers[peer]
+		switch {
+		case p != nil && p.mode == ModeIPIP && d.kernel:
 			return d.cfg.IPIPName, p.Underlay
+		case p != nil && p.mode == ModeVXLAN:
+			return d.cfg.VXLANName, p.VTEP.Addr
+		case p == nil && kept != nil:
+			if via, ok := keptVia(kept, d.cfg.VXLANName, d.ranges, peer); ok {
+				return d.cfg.VXLANName, via
+			}
 		}
 		return d.tun.Name(), netip.Addr{}
 	})
+}
+
+// routeLister is a RouteApplier that can list what the kernel has.
+type routeLister interface {
+	Routes() ([]Route, error)
 }
 
 func (d *Device) applyRoutesLocked() error {
 	if d.routing == nil {
 		return nil
 	}
-	added, removed, err := d.routing.Apply(d.wantLocked())
+	var kept []Route
+	if d.held && d.vtep != nil {
+		if l, ok := d.routing.(routeLister); ok {
+			have, err := l.Routes()
+			if err != nil {
+				return fmt.Errorf("reconciling tunnel routes: %w", err)
+			}
+			kept = []Route{}
+			for _, r := range have {
+				if r.Dev == d.cfg.VXLANName {
+					kept = append(kept, r)
+				}
+			}
+		}
+	}
+	added, removed, err := d.routing.Apply(d.wantKeeping(kept))
 	for _, r := range added {
 		d.log.Info("route added", "route", r.String())
 	}
@@ -510,6 +635,41 @@ func (d *Device) applyRoutesLocked() error {
 		return fmt.Errorf("reconciling tunnel routes: %w", err)
 	}
 	return nil
+}
+
+// applyVTEPsLocked makes the VXLAN device's neighbours and FDB entries
+// those of the peers sent to with vxlan (while held, it only adds).
+func (d *Device) applyVTEPsLocked() error {
+	if d.vteps == nil {
+		return nil
+	}
+	want, _ := vtepEntries(d.snap.Load().peers)
+	added, removed, err := d.vteps.Apply(want, d.held)
+	for _, e := range added {
+		d.log.Info("vxlan entry added", "entry", e.String())
+	}
+	for _, e := range removed {
+		d.log.Info("vxlan entry removed", "entry", e.String())
+	}
+	if err != nil {
+		return fmt.Errorf("reconciling the vxlan entries: %w", err)
+	}
+	return nil
+}
+
+// addr is where the peer's traffic goes, for status and the log.
+func (p *peerPath) addr() netip.AddrPort {
+	if p.mode == ModeVXLAN && p.VTEP != nil {
+		return netip.AddrPortFrom(p.Underlay, p.VTEP.Port)
+	}
+	return p.dst[modeIndex(p.mode)]
+}
+
+func sameVTEP(a, b *VTEP) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
 }
 
 // Run moves packets until ctx ends or a device or socket fails, then
@@ -569,6 +729,9 @@ func (d *Device) Close() error {
 		}
 		if d.routing != nil {
 			errs = append(errs, d.routing.Close())
+		}
+		if d.vteps != nil {
+			errs = append(errs, d.vteps.Close())
 		}
 		if d.cfg.Registerer != nil {
 			d.metrics.unregister(d.cfg.Registerer)

@@ -23,7 +23,7 @@ func (d *Device) openKernel() (err error) {
 	if err != nil {
 		return fmt.Errorf("opening netlink: %w", err)
 	}
-	routing := NewRouteApplier(h, cfg.TUNName, cfg.IPIPName)
+	routing := NewRouteApplier(h, cfg.TUNName, cfg.IPIPName, cfg.VXLANName)
 	d.routing = routing
 	defer func() {
 		if err != nil {
@@ -42,6 +42,14 @@ func (d *Device) openKernel() (err error) {
 		if d.binds[idxUDP], err = conn.ListenUDP(cfg.Listen, o); err != nil {
 			return err
 		}
+	}
+	if cfg.Mode == ModeVXLAN {
+		return d.openVXLAN()
+	}
+	// A VXLAN device left from a run in the vxlan mode would go on
+	// taking plaintext packets from anyone: remove it.
+	if err := RemoveKernelVXLAN(cfg.VXLANName); err != nil {
+		return fmt.Errorf("removing the VXLAN device of an earlier --encap vxlan: %w", err)
 	}
 	if cfg.Mode == ModeUDP {
 		return nil
@@ -71,6 +79,24 @@ func (d *Device) openKernel() (err error) {
 		return fmt.Errorf("this node cannot do --encap ipip: no kernel IPIP (%v) and no raw IPIP socket (%v): use --encap udp", kerr, rerr)
 	}
 	d.log.Warn("this node cannot do ipip; auto uses udp only", "kernel", kerr, "userspace", rerr)
+	return nil
+}
+
+// openVXLAN makes (or adopts and repairs) the VXLAN device and the
+// applier of its neighbours and FDB entries.
+func (d *Device) openVXLAN() error {
+	cfg := d.cfg
+	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		return fmt.Errorf("opening netlink: %w", err)
+	}
+	mac := VTEPMAC(cfg.Self)
+	if _, err := EnsureKernelVXLAN(h, VXLANLink{Name: cfg.VXLANName, VNI: cfg.VNI, Port: cfg.VXLANPort, Local: cfg.Underlay, MTU: cfg.MTU, MAC: mac}); err != nil {
+		h.Close()
+		return fmt.Errorf("this node cannot do --encap vxlan: %w", err)
+	}
+	d.vteps = NewVTEPApplier(h, cfg.VXLANName)
+	d.vtep = &VTEP{MAC: mac, Addr: cfg.Underlay, Port: cfg.VXLANPort, VNI: cfg.VNI}
 	return nil
 }
 

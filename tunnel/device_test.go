@@ -535,7 +535,7 @@ func TestNewErrors(t *testing.T) {
 		want string
 	}{
 		{"no name", Config{Mode: ModeUDP, MTU: 1440}, "Self"},
-		{"bad mode", Config{Self: "a", Mode: "vxlan", MTU: 1440}, "unknown --encap"},
+		{"bad mode", Config{Self: "a", Mode: "sleeve", MTU: 1440, TUN: tuntest.New("t", 1440)}, "unknown --encap"},
 		{"bad mtu", Config{Self: "a", Mode: ModeUDP, MTU: 20}, "MTU"},
 		{"ipip without ipip", Config{Self: "a", Mode: ModeIPIP, MTU: 1440, TUN: tuntest.New("t", 1440), UDP: net.Bind(netip.MustParseAddrPort("192.0.2.50:1"))},
 			"cannot do --encap ipip: use --encap udp"},

@@ -26,7 +26,12 @@
 // over UDP to the owner's data port. ipip: IP protocol 4, through the
 // kernel's IPIP device where the kernel has the ipip link type (routes
 // "via <owner> dev weft-ipip onlink", as Calico does), else in userspace
-// over the TUN device and a raw socket. auto: per peer, the first mode of
+// over the TUN device and a raw socket. vxlan (vxlan.go): the kernel's
+// VXLAN device weft-vx carries the packets (learning off, no group); the
+// Device only keeps a route via each peer's VTEP address onlink, a
+// permanent neighbour and an FDB entry per peer (Peer.VTEP, LocalVTEP),
+// which stay when the router stops, and keeps what it finds until Settle.
+// auto: per peer, the first mode of
 // this node's list (fastest first: kernel IPIP, udp, userspace IPIP) that
 // the peer advertises; the choice is logged, shown by Connections and
 // exported as weft_tunnel_peer_mode.

@@ -17,6 +17,9 @@ type Peer struct {
 	// peer that advertises nothing is taken to accept udp, the mode
 	// every weft node has.
 	Encaps []Mode
+	// VTEP is the peer's end of the vxlan overlay, from its metadata;
+	// nil if it publishes none (then vxlan is not used with it).
+	VTEP *VTEP
 	// PublicKey is the peer's data-plane public key, as it publishes it
 	// in its mesh metadata (mesh.Meta.PublicKey); empty when the peer
 	// runs without a password. With encryption on, a peer outside the

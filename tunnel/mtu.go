@@ -16,7 +16,10 @@ type Mode string
 const (
 	ModeUDP  Mode = "udp"
 	ModeIPIP Mode = "ipip"
-	ModeAuto Mode = "auto"
+	// ModeVXLAN is the kernel's VXLAN device (vxlan.go): plaintext, and
+	// it keeps carrying pod traffic while no router runs.
+	ModeVXLAN Mode = "vxlan"
+	ModeAuto  Mode = "auto"
 )
 
 // Sizes of the udp frame. The header is versioned and has room for the
@@ -33,7 +36,15 @@ const (
 var overheads = map[Mode]int{
 	ModeUDP:  IPv4HeaderLen + UDPHeaderLen + FrameHeaderLen + AEADTagLen,
 	ModeIPIP: IPv4HeaderLen,
+	// Outer IPv4 and UDP, the VXLAN header, the inner Ethernet header.
+	ModeVXLAN: IPv4HeaderLen + UDPHeaderLen + VXLANHeaderLen + EthernetHeaderLen,
 }
+
+// Sizes of the vxlan encapsulation.
+const (
+	VXLANHeaderLen    = 8
+	EthernetHeaderLen = 14
+)
 
 // ParseMode validates an --encap value.
 func ParseMode(s string) (Mode, error) {
@@ -41,14 +52,14 @@ func ParseMode(s string) (Mode, error) {
 	if _, ok := overheads[m]; ok || m == ModeAuto {
 		return m, nil
 	}
-	return "", fmt.Errorf("unknown --encap %q: use one of udp, ipip, auto", s)
+	return "", fmt.Errorf("unknown --encap %q: use one of udp, vxlan, ipip, auto", s)
 }
 
 // Overhead is the bytes mode adds; for auto, the largest of the modes it may
 // pick, so that the pod MTU fits whichever is chosen.
 func Overhead(m Mode) int {
 	if m == ModeAuto {
-		return slices.Max([]int{overheads[ModeUDP], overheads[ModeIPIP]})
+		return slices.Max([]int{overheads[ModeUDP], overheads[ModeIPIP], overheads[ModeVXLAN]})
 	}
 	return overheads[m]
 }

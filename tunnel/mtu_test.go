@@ -12,6 +12,9 @@ func TestPodMTU(t *testing.T) {
 		{1500, 0, ModeUDP, 1440, false},
 		{1500, 0, ModeIPIP, 1480, false},
 		{1500, 0, ModeAuto, 1440, false},
+		{1500, 0, ModeVXLAN, 1450, false},
+		{9000, 0, ModeVXLAN, 8950, false},
+		{1500, 1400, ModeVXLAN, 1400, false},
 		{9000, 0, ModeUDP, 8940, false},
 		{1500, 1400, ModeUDP, 1400, false},
 		{1500, 20, ModeUDP, 0, true},
@@ -26,12 +29,12 @@ func TestPodMTU(t *testing.T) {
 }
 
 func TestParseMode(t *testing.T) {
-	for _, s := range []string{"udp", "IPIP", " auto "} {
+	for _, s := range []string{"udp", "IPIP", " auto ", "vxlan", "VXLAN"} {
 		if _, err := ParseMode(s); err != nil {
 			t.Errorf("ParseMode(%q): %v", s, err)
 		}
 	}
-	for _, s := range []string{"", "vxlan", "sleeve"} {
+	for _, s := range []string{"", "vxlan2", "sleeve", "fastdp"} {
 		if _, err := ParseMode(s); err == nil {
 			t.Errorf("ParseMode(%q) accepted", s)
 		}

@@ -81,6 +81,9 @@ func (d *Device) setupCrypto() error {
 	if cfg.Mode == ModeIPIP && !d.ipipOK {
 		return ErrIPIPUnencrypted
 	}
+	if cfg.Mode == ModeVXLAN && !d.ipipOK {
+		return ErrVXLANUnencrypted
+	}
 	return nil
 }
 
@@ -190,10 +193,13 @@ func (d *Device) parkSessionsLocked(present map[string]bool) {
 // chooseSealedMode is ChooseMode for a peer whose traffic must be
 // encrypted: ipip is out.
 func chooseSealedMode(configured Mode, local, remote []Mode) (Mode, error) {
-	if configured == ModeIPIP {
+	switch configured {
+	case ModeIPIP:
 		return "", ErrIPIPUnencrypted
+	case ModeVXLAN:
+		return "", ErrVXLANUnencrypted
 	}
-	m, err := ChooseMode(configured, slices.DeleteFunc(slices.Clone(local), func(m Mode) bool { return m == ModeIPIP }), remote)
+	m, err := ChooseMode(configured, slices.DeleteFunc(slices.Clone(local), func(m Mode) bool { return m == ModeIPIP || m == ModeVXLAN }), remote)
 	if err != nil && slices.Contains(remote, ModeIPIP) {
 		err = fmt.Errorf("%w (ipip is not used with a password: it cannot be encrypted)", err)
 	}

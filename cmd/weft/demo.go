@@ -18,7 +18,7 @@ func cmdDemo(args []string) error {
 	fs.IntVar(&o.Pods, "pods", o.Pods, "pods per node")
 	fs.BoolVar(&o.Keep, "keep", false, "stay up until Ctrl-C, then clean up")
 	fs.BoolVar(&o.Encrypt, "encrypt", false, "give the routers a shared random password: authenticated gossip, encrypted pod traffic")
-	fs.StringVar(&o.Encap, "encap", "", "the routers' --encap: udp, ipip or auto (default: the routers' own, auto)")
+	fs.StringVar(&o.Encap, "encap", "", "the routers' --encap: udp, vxlan, ipip or auto (default: the routers' own, auto)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

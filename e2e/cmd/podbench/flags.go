@@ -40,13 +40,16 @@ func parseFlags(dur time.Duration, streams, modes string, runs int) (config, err
 	}
 	for _, s := range strings.Split(modes, ",") {
 		m := tunnel.Mode(strings.TrimSpace(s))
-		if m != tunnel.ModeUDP && m != tunnel.ModeIPIP {
-			return c, fmt.Errorf("-modes %q: each mode must be udp or ipip (auto picks one of them; name it instead)", modes)
+		if m != tunnel.ModeUDP && m != tunnel.ModeIPIP && m != tunnel.ModeVXLAN {
+			return c, fmt.Errorf("-modes %q: each mode must be udp, ipip or vxlan (auto picks one of them; name it instead)", modes)
 		}
 		if slices.Contains(c.modes, m) {
 			return c, fmt.Errorf("-modes %q: %s is named twice", modes, m)
 		}
 		c.modes = append(c.modes, m)
+	}
+	if !slices.ContainsFunc(c.modes, func(m tunnel.Mode) bool { return m != tunnel.ModeVXLAN }) {
+		return c, fmt.Errorf("-modes %q: name udp or ipip too: the kernel VXLAN baseline runs beside their routers (weft's vxlan takes port 4789 itself)", modes)
 	}
 	return c, nil
 }

@@ -29,7 +29,8 @@ func TestParseFlags(t *testing.T) {
 		{6 * time.Second, "1,x", "udp", 1, "-streams"},
 		{6 * time.Second, "", "udp", 1, "-streams"},
 		{6 * time.Second, "1", "auto", 1, "-modes"},
-		{6 * time.Second, "1", "udp,vxlan", 1, "-modes"},
+		{6 * time.Second, "1", "udp,geneve", 1, "-modes"},
+		{6 * time.Second, "1", "vxlan", 1, "udp or ipip too"},
 		{6 * time.Second, "1", "udp,udp", 1, "named twice"},
 		{6 * time.Second, "1", "udp", 0, "-runs"},
 	} {

@@ -18,7 +18,10 @@
 // binaries in bin/). Everything it makes lives in namespaces of its own and
 // is removed on exit, also on SIGINT and SIGTERM.
 //
-//	go run ./e2e/cmd/podbench [-modes udp,ipip] [-runs 3] [-time 6s] [-streams 1,4]
+// For vxlan the routers forward nothing (the kernel's weft-vx does): its
+// row has no forwarder CPU, and no library control.
+//
+//	go run ./e2e/cmd/podbench [-modes udp,ipip,vxlan] [-runs 3] [-time 6s] [-streams 1,4]
 package main
 
 import (
@@ -51,7 +54,7 @@ func main() { os.Exit(run()) }
 func run() int {
 	dur := flag.Duration("time", 6*time.Second, "length of each iperf3 run (whole seconds, at least 2s; the first second is omitted)")
 	streams := flag.String("streams", "1,4", "parallel TCP streams (iperf3 -P), comma-separated")
-	modes := flag.String("modes", "udp,ipip", "weft --encap modes to measure, comma-separated (udp, ipip)")
+	modes := flag.String("modes", "udp,ipip,vxlan", "weft --encap modes to measure, comma-separated (udp, ipip, vxlan)")
 	runs := flag.Int("runs", 3, "rounds over every path; each row is the median")
 	binDir := flag.String("bin", "", "directory of the weft binaries (default $WEFT_BIN_DIR, else bin/ of the weft module)")
 	routerArgs := flag.String("router-args", "", "extra arguments for every `weft router`, separated by spaces (e.g. \"--mtu 1400\")")
@@ -157,22 +160,24 @@ func (b *bench) run() error {
 	load0 := loadavg()
 	var weft []path
 	var base []path
-	for i, m := range b.cfg.modes {
+	for _, m := range b.cfg.modes {
 		c, p, err := b.cluster(m)
 		if err != nil {
 			return fmt.Errorf("%s cluster: %w", m, err)
 		}
 		weft = append(weft, p)
-		if b.cfg.library {
+		if b.cfg.library && m != tunnel.ModeVXLAN {
 			lp, err := b.library(m)
 			if err != nil {
 				return fmt.Errorf("%s control path: %w", m, err)
 			}
 			weft = append(weft, lp)
 		}
-		if i == 0 {
-			// The baselines run between the nodes of the first cluster, next
-			// to its routers, under the same nftables rules as weft's path.
+		if base == nil && m != tunnel.ModeVXLAN {
+			// The baselines run between the nodes of the first cluster
+			// without weft's own VXLAN device (both would take port 4789),
+			// next to its routers, under the same nftables rules as weft's
+			// path.
 			if base, err = b.baselines(c); err != nil {
 				return fmt.Errorf("baselines: %w", err)
 			}
@@ -269,6 +274,10 @@ func (b *bench) cluster(mode tunnel.Mode) (*e2e.Cluster, path, error) {
 		name += map[bool]string{true: " (kernel IPIP)", false: " (userspace IPIP: TUN + raw socket)"}[kernel]
 	}
 	progress("%s: routers ready, sending to each other with %s; pods %s (%s) and %s (%s); %s", mode, name, a, a.Prefix, pb, pb.Prefix, describe(a, c.Nodes[0], pids[0]))
+	if mode == tunnel.ModeVXLAN {
+		name += " (kernel VXLAN weft-vx)"
+		pids = nil // the kernel forwards: the routers' CPU is not the path's
+	}
 	return c, path{name: name + " (pod to pod, through the routers)", run: r, client: a.NS, server: pb.NS, addr: pb.IP, routers: pids}, nil
 }
 

@@ -1,0 +1,368 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/weft-net/weft/tunnel"
+)
+
+// vxlanDev is the kernel VXLAN device of --encap vxlan (tunnel.DefaultVXLANName).
+const vxlanDev = "weft-vx"
+
+// syncBuffer is a bytes.Buffer that a child process writes while the test
+// reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// flow is a continuous ping (every 50 ms) from one pod to another: the
+// ping(8) of the pod's namespace, stopped with SIGINT for its summary.
+type flow struct {
+	from, to *Pod
+	cmd      *exec.Cmd
+	out      *syncBuffer
+	done     chan error
+}
+
+func startFlow(t *testing.T, from, to *Pod) *flow {
+	t.Helper()
+	f := &flow{from: from, to: to, out: &syncBuffer{}, done: make(chan error, 1)}
+	err := from.NS.Do(func() error {
+		f.cmd = exec.Command("ping", "-n", "-i", "0.05", "-W", "1", to.IP.String())
+		f.cmd.Stdout, f.cmd.Stderr = f.out, f.out
+		return f.cmd.Start() // forked on this thread: in the pod's namespace
+	})
+	if err != nil {
+		t.Fatalf("starting ping from %s to %s: %v", from, to, err)
+	}
+	go func() { f.done <- f.cmd.Wait() }()
+	t.Cleanup(func() {
+		if f.cmd.ProcessState == nil {
+			f.cmd.Process.Kill()
+			<-f.done
+		}
+	})
+	return f
+}
+
+// replies is the number of echo replies so far.
+func (f *flow) replies() int { return strings.Count(f.out.String(), " bytes from ") }
+
+var pingSummary = regexp.MustCompile(`(\d+) packets transmitted, (\d+) received`)
+
+// stop ends the ping and returns what it sent and got back.
+func (f *flow) stop(t *testing.T) (sent, received int) {
+	t.Helper()
+	f.cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-f.done:
+	case <-time.After(10 * time.Second):
+		f.cmd.Process.Kill()
+		<-f.done
+	}
+	m := pingSummary.FindStringSubmatch(f.out.String())
+	if m == nil {
+		t.Fatalf("no summary from ping %s -> %s:\n%s", f.from, f.to, f.out.String())
+	}
+	sent, _ = strconv.Atoi(m[1])
+	received, _ = strconv.Atoi(m[2])
+	return sent, received
+}
+
+// waitReplies waits until the flow has n more replies than it had at
+// the call: the traffic goes on.
+func (f *flow) waitReplies(t *testing.T, ctx context.Context, what string, n int) {
+	t.Helper()
+	base := f.replies()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second) // 20 replies a second when it flows
+	defer cancel()
+	waitUntil(t, ctx, what, func() (bool, string) {
+		got := f.replies() - base
+		return got >= n, fmt.Sprintf("%d of %d replies from %s to %s", got, n, f.from, f.to)
+	})
+}
+
+// vxlanEntries is what node n's kernel has on its VXLAN device: routes,
+// neighbours and FDB entries.
+func vxlanEntries(ctx context.Context, n *Node) string {
+	var b strings.Builder
+	for _, argv := range [][]string{
+		{"ip", "-d", "link", "show", vxlanDev},
+		{"ip", "route", "show", "dev", vxlanDev},
+		{"ip", "neigh", "show", "dev", vxlanDev},
+		{"bridge", "fdb", "show", "dev", vxlanDev},
+	} {
+		out, err := n.NS.Exec(ctx, argv...)
+		if err != nil {
+			fmt.Fprintf(&b, "%v: %v\n", argv, err)
+		}
+		b.Write(out)
+	}
+	return b.String()
+}
+
+// TestVXLAN: three nodes with --encap vxlan. Every pod reaches every other
+// pod and every node through the kernel's VXLAN device (a route, a
+// permanent neighbour and an FDB entry per peer), TCP crosses intact; the
+// kernel objects outlive the router: under a continuous pod-to-pod ping, a
+// router killed with SIGKILL, and another stopped with SIGTERM, lose no
+// traffic while they are down and after they are back; weft reset removes
+// the device.
+func TestVXLAN(t *testing.T) {
+	c, ctx := startMeshCluster(t, 3, "--encap", "vxlan")
+	waitModes(t, ctx, c, "vxlan")
+	var pods []*Pod
+	for _, n := range c.Nodes {
+		for i := range 2 {
+			p, err := n.AddPod(ctx, fmt.Sprintf("p%d", i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			pods = append(pods, p)
+		}
+	}
+	pingAll(t, ctx, c, pods)
+	for _, n := range c.Nodes {
+		st := vxlanEntries(ctx, n)
+		for _, o := range c.Nodes {
+			if o == n {
+				continue
+			}
+			if !strings.Contains(st, o.UnderlayIP.String()+" dev "+vxlanDev+" lladdr") && !strings.Contains(st, o.UnderlayIP.String()+" lladdr") {
+				t.Errorf("%s has no neighbour for %s on %s:\n%s", n.Name, o.Name, vxlanDev, st)
+			}
+			if !strings.Contains(st, "dst "+o.UnderlayIP.String()+" self permanent") {
+				t.Errorf("%s has no FDB entry to %s on %s:\n%s", n.Name, o.Name, vxlanDev, st)
+			}
+		}
+		if !strings.Contains(st, "nolearning") || !strings.Contains(st, "dstport 4789") {
+			t.Errorf("%s: %s is not as documented (nolearning, dstport 4789):\n%s", n.Name, vxlanDev, st)
+		}
+	}
+	// TCP between every pair of nodes.
+	for i, from := range []*Pod{pods[0], pods[2], pods[4]} {
+		to := pods[(2*i+3)%len(pods)]
+		tctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		err := transfer(tctx, from, to, 10<<20)
+		cancel()
+		if err != nil {
+			t.Fatalf("10 MB from %s to %s: %v\n%s", from, to, err, routerLogs(c))
+		}
+	}
+
+	n0, n1, n2 := c.Nodes[0], c.Nodes[1], c.Nodes[2]
+	seen := func(by []*Node, who *Node, state string) func() (bool, string) {
+		return func() (bool, string) {
+			var s []string
+			for _, n := range by {
+				st := peerStates(ctx, n)
+				s = append(s, fmt.Sprintf("%s:%v", n.Name, st))
+				if st[who.PeerName] != state {
+					return false, strings.Join(s, " ")
+				}
+			}
+			return true, ""
+		}
+	}
+
+	// kill -9 of n2's router under a ping from n0 to n2.
+	f := startFlow(t, pods[0], pods[4])
+	f.waitReplies(t, ctx, "the ping to answer", 20)
+	if err := n2.Router().Kill(); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, ctx, "n0 and n1 to see n2's router gone", seen([]*Node{n0, n1}, n2, "unreachable"))
+	f.waitReplies(t, ctx, "the ping to go on while n2 has no router", 40)
+	for _, pair := range [][2]*Pod{{pods[2], pods[5]}, {pods[5], pods[1]}} {
+		if err := Ping(ctx, pair[0].NS, pair[1].IP); err != nil {
+			t.Errorf("with n2's router dead: %v\n%s", err, vxlanEntries(ctx, n2))
+		}
+	}
+	if err := n2.Router().Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if err := n2.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitModes(t, ctx, c, "vxlan")
+	f.waitReplies(t, ctx, "the ping to go on after n2's router is back", 40)
+	sent, got := f.stop(t)
+	t.Logf("kill -9 of n2's router: ping %s -> %s every 50 ms: %d sent, %d received, %d lost", f.from, f.to, sent, got, sent-got)
+	if lost := sent - got; lost > 5 {
+		t.Errorf("kill -9 of a router lost %d of %d packets of a pod-to-pod ping, want at most a few\n%s", lost, sent, routerLogs(c))
+	}
+
+	// SIGTERM of n1's router (a rollout) under a ping from n0 to n1: its
+	// peers see it leave, and keep its entries.
+	f = startFlow(t, pods[1], pods[3])
+	f.waitReplies(t, ctx, "the ping to answer", 20)
+	if err := n1.Router().Stop(); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, ctx, "n0 and n2 to see n1 leave", seen([]*Node{n0, n2}, n1, "left"))
+	f.waitReplies(t, ctx, "the ping to go on while n1 has no router", 40)
+	if err := n1.Router().Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if err := n1.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitModes(t, ctx, c, "vxlan")
+	f.waitReplies(t, ctx, "the ping to go on after n1's router is back", 40)
+	sent, got = f.stop(t)
+	t.Logf("SIGTERM of n1's router: ping %s -> %s every 50 ms: %d sent, %d received, %d lost", f.from, f.to, sent, got, sent-got)
+	if lost := sent - got; lost > 5 {
+		t.Errorf("a router's SIGTERM lost %d of %d packets of a pod-to-pod ping, want at most a few\n%s", lost, sent, routerLogs(c))
+	}
+	pingAll(t, ctx, c, pods)
+
+	// weft reset on n2 removes the VXLAN device.
+	for _, p := range pods[4:] {
+		if err := n2.RemovePod(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out, err := n2.Weft(ctx, "reset"); err != nil {
+		t.Fatalf("weft reset: %s (%v)", out, err)
+	}
+	if err := n2.Router().Proc().Wait(); err != nil {
+		t.Errorf("the router exited with %v after reset", err)
+	}
+	err := n2.NS.WithHandle(func(h *netlink.Handle) error {
+		_, err := h.LinkByName(vxlanDev)
+		return err
+	})
+	if !errors.As(err, new(netlink.LinkNotFoundError)) {
+		t.Errorf("%s after weft reset: %v\n%s", vxlanDev, err, vxlanEntries(ctx, n2))
+	}
+}
+
+// TestVXLANPassword: a router with a password and --encap vxlan but no
+// --trusted-subnets refuses to start and says what to do.
+func TestVXLANPassword(t *testing.T) {
+	if testing.Short() {
+		t.Skip("e2e: skipped in -short mode")
+	}
+	run := NewTestRun(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := run.NewCluster(ctx, ClusterOpts{Nodes: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := c.Nodes[0]
+	pw := n.Dir + "/password"
+	if err := os.WriteFile(pw, []byte("a-long-enough-password"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r, err := n.StartRouter("--encap", "vxlan", "--password-file", pw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-r.Proc().Exited():
+	case <-ctx.Done():
+		t.Fatal("the router started with --encap vxlan and a password, without --trusted-subnets")
+	}
+	if log := r.LogTail(20); !strings.Contains(log, "--trusted-subnets") || !strings.Contains(log, "--encap udp") {
+		t.Errorf("the router's error does not say what to do:\n%s", log)
+	}
+	if out, err := n.NS.Exec(ctx, "ip", "link", "show", vxlanDev); err == nil {
+		t.Errorf("a refused start made %s:\n%s", vxlanDev, out)
+	}
+}
+
+// vxlanFrame is a VXLAN packet's UDP payload: the VXLAN header with vni,
+// an Ethernet header from src to dst, and the IPv4 packet inner.
+func vxlanFrame(vni uint32, dst, src [6]byte, inner []byte) []byte {
+	b := []byte{0x08, 0, 0, 0, byte(vni >> 16), byte(vni >> 8), byte(vni), 0}
+	b = append(b, dst[:]...)
+	b = append(b, src[:]...)
+	b = append(b, 0x08, 0x00)
+	return append(b, inner...)
+}
+
+// sendUDPFrom sends payload from namespace ns to dst over a UDP socket.
+func sendUDPFrom(ns *Netns, dst netip.AddrPort, payload []byte) error {
+	return ns.Do(func() error {
+		c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(dst))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_, err = c.Write(payload)
+		return err
+	})
+}
+
+// TestVXLANFromNonPeer is the attacker's side of vxlan: a host on the
+// underlay that is no peer sends well-formed VXLAN packets to a node's
+// port 4789, with an inner packet from a pod of another node to a pod of
+// this one. The guard drops them (vxlan-non-peer), the pod gets nothing;
+// the same packet from a peer's address (the control) arrives first.
+func TestVXLANFromNonPeer(t *testing.T) {
+	c, ctx := startMeshCluster(t, 2, "--encap", "vxlan")
+	waitModes(t, ctx, c, "vxlan")
+	n0, n1 := c.Nodes[0], c.Nodes[1]
+	target, err := n0.AddPod(ctx, "target")
+	if err != nil {
+		t.Fatal(err)
+	}
+	remote, err := n1.AddPod(ctx, "remote")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := listenUDP(t, target, hostilePort)
+	evil, err := c.AddNode(ctx, "evil") // on the underlay, no router: no peer
+	if err != nil {
+		t.Fatal(err)
+	}
+	packet := func(payload []byte) []byte {
+		inner := ipv4UDP(netip.AddrPortFrom(remote.IP, 40000), netip.AddrPortFrom(target.IP, hostilePort), payload)
+		return vxlanFrame(tunnel.DefaultVNI, tunnel.VTEPMAC(n0.PeerName), tunnel.VTEPMAC(n1.PeerName), inner)
+	}
+	to := netip.AddrPortFrom(n0.UnderlayIP, tunnel.DefaultVXLANPort)
+	before, err := guardDrops(ctx, n0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	marker := newMarker("forged")
+	for i := range 3 {
+		if err := sendUDPFrom(evil.NS, to, packet(markerDatagram(marker, i+1))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	waitGrown(t, wctx, "n0's guard to drop VXLAN from a non-peer", func() (map[string]float64, error) { return guardDrops(wctx, n0) },
+		before, map[string]float64{"vxlan-non-peer": 3})
+	expectControl(t, ctx, func(payload []byte) error { return sendUDPFrom(n1.NS, to, packet(payload)) }, sink, target)
+}
