@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -25,7 +26,8 @@ import (
 // fake's (the test's router ensures no bridge through it).
 type nsGuardKernel struct {
 	*fakeKernel
-	g *bridge.GuardConn
+	g       *bridge.GuardConn
+	batches atomic.Int64 // AddPodSources calls
 }
 
 func (k *nsGuardKernel) SetGuardPeers(addrs []netip.Addr) (int, int, error) {
@@ -36,7 +38,10 @@ func (k *nsGuardKernel) SetPodSources(want []bridge.PodSource, keep func(bridge.
 	return k.g.SetPodSources(want, keep)
 }
 
-func (k *nsGuardKernel) AddPodSources(ps []bridge.PodSource) error { return k.g.AddPodSources(ps) }
+func (k *nsGuardKernel) AddPodSources(ps []bridge.PodSource) error {
+	k.batches.Add(1)
+	return k.g.AddPodSources(ps)
+}
 
 func (k *nsGuardKernel) RemovePodSource(p bridge.PodSource) (bool, error) {
 	return k.g.RemovePodSource(p)
@@ -181,6 +186,7 @@ func BenchmarkLocalAPIAllocate20Guarded(b *testing.B) {
 		return err
 	})
 	b.StopTimer()
+	b.ReportMetric(float64(k.batches.Load())/float64(b.N), "guard-batches/op")
 	if got := len(kernelPodSources(b, n)); got < b.N {
 		b.Fatalf("the guard's set has %d entries after %d ADDs", got, b.N)
 	}
