@@ -69,6 +69,9 @@ func (c *Client) roundTrip(ctx context.Context, req *http.Request) (*http.Respon
 		return nil, nil, err
 	}
 	var buf bytes.Buffer // the whole request, written at once
+	// Room for the head and the body, which Request.Write copies with
+	// room for 512 bytes more (bytes.MinRead): one allocation.
+	buf.Grow(1024 + int(req.ContentLength))
 	if err := req.Write(&buf); err != nil {
 		return fail(err)
 	}
