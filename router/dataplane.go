@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -427,6 +428,10 @@ func (r *Router) allowPodSource(p bridge.PodSource) error {
 	if b.flushed {
 		return b.err
 	}
+	// The ADDs that became runnable with this one (the allocator answers
+	// a step's waiters together) get one turn first, to join this batch
+	// rather than each write one of their own: a yield, not a wait.
+	runtime.Gosched()
 	g.batchMu.Lock()
 	if g.next == b {
 		g.next = nil // later ADDs start the next batch
