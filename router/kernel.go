@@ -97,4 +97,6 @@ func (k *HostKernel) RemovePodSource(p bridge.PodSource) (bool, error) {
 	return k.guardConn().RemovePodSource(p)
 }
 
-func (k *HostKernel) GuardDrops() (map[string]uint64, error) { return k.guardConn().DropCounts() }
+// GuardDrops reads the counters on a connection of its own: a metrics
+// scrape never holds up an ADD's batch on the guard's connection.
+func (k *HostKernel) GuardDrops() (map[string]uint64, error) { return bridge.DropCounts("") }
