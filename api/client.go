@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -20,22 +21,21 @@ const DefaultSocket = "/run/weft/weft.sock"
 // maxBody bounds what either side reads from the other.
 const maxBody = 1 << 20
 
-// Client talks to one router's local API over its unix socket.
+// requestTimeout bounds one request, its answer included.
+const requestTimeout = 30 * time.Second
+
+// Client talks to one router's local API over its unix socket: one
+// connection per request (the plugin is a new process per call), the
+// request written and its answer read with net/http's own encoding
+// (Request.Write, ReadResponse), without a Transport, whose pool,
+// goroutines and buffers per connection a single request never uses.
 type Client struct {
 	socket string
-	hc     *http.Client
 }
 
 // NewClient returns a client for the router listening on socket.
 func NewClient(socket string) *Client {
-	tr := &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", socket)
-		},
-		DisableKeepAlives: true,
-	}
-	return &Client{socket: socket, hc: &http.Client{Transport: tr, Timeout: 30 * time.Second}}
+	return &Client{socket: socket}
 }
 
 // Socket is the path this client dials.
@@ -43,6 +43,55 @@ func (c *Client) Socket() string { return c.socket }
 
 // ErrUnreachable wraps every failure to reach the router at all.
 var ErrUnreachable = errors.New("weft router unreachable")
+
+// roundTrip sends req on a new connection and reads the answer's head;
+// the caller reads the body and closes the connection. It is bounded by
+// ctx and by requestTimeout.
+func (c *Client) roundTrip(ctx context.Context, req *http.Request) (*http.Response, net.Conn, error) {
+	var d net.Dialer
+	dctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	conn, err := d.DialContext(dctx, "unix", c.socket)
+	if err != nil {
+		return nil, nil, err
+	}
+	deadline, _ := dctx.Deadline()
+	conn.SetDeadline(deadline)
+	// A cancelled ctx ends a request that waits: the connection's
+	// deadline moves to the past.
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	fail := func(err error) (*http.Response, net.Conn, error) {
+		stop()
+		conn.Close()
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%w (%v)", ctx.Err(), err)
+		}
+		return nil, nil, err
+	}
+	var buf bytes.Buffer // the whole request, written at once
+	// Room for the head and the body, which Request.Write copies with
+	// room for 512 bytes more (bytes.MinRead): one allocation.
+	buf.Grow(1024 + int(req.ContentLength))
+	if err := req.Write(&buf); err != nil {
+		return fail(err)
+	}
+	if _, err := conn.Write(buf.Bytes()); err != nil {
+		return fail(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReaderSize(conn, 1024), req)
+	if err != nil {
+		return fail(err)
+	}
+	return resp, stopConn{conn, stop}, nil
+}
+
+// stopConn is a connection whose Close also ends its context watch.
+type stopConn struct {
+	net.Conn
+	stop func() bool
+}
+
+func (s stopConn) Close() error { s.stop(); return s.Conn.Close() }
 
 func (c *Client) do(ctx context.Context, method, path string, q url.Values, in, out any) error {
 	var body io.Reader
@@ -64,11 +113,12 @@ func (c *Client) do(ctx context.Context, method, path string, q url.Values, in, 
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	resp, err := c.hc.Do(req)
+	req.Close = true // Connection: close
+	resp, conn, err := c.roundTrip(ctx, req)
 	if err != nil {
 		return fmt.Errorf("%w at %s: %v (is the weft router running on this node?)", ErrUnreachable, c.socket, err)
 	}
-	defer resp.Body.Close()
+	defer conn.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
 	if err != nil {
 		return fmt.Errorf("reading answer of weft router at %s: %w", c.socket, err)

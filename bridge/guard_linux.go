@@ -7,10 +7,12 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -241,60 +243,186 @@ func setElements(c *nftables.Conn, t *nftables.Table, name string) (*nftables.Se
 	return s, els, nil
 }
 
+// GuardConn changes the guard's sets in one network namespace over one
+// lasting nftables connection, for a caller that changes them often (the
+// router, on every pod ADD), where a new netlink socket and a lookup of
+// the set per change cost more than the change itself. It opens its
+// socket on first use and keeps the sets' handles once looked up. After
+// any error it closes the socket and forgets the handles, and tries once
+// more from the start, so that a socket left in a bad state, or a handle
+// of a table that Ensure rewrote or Teardown removed, costs one retry
+// (then ErrNoGuard, when the set is gone). Its methods take turns: it is
+// safe for concurrent use. Close it when done.
+type GuardConn struct {
+	nsPath string
+
+	mu   sync.Mutex
+	fd   netns.NsHandle // the namespace at nsPath, open only when nsPath != ""
+	c    *nftables.Conn // nil: closed (opened again on use)
+	sets map[string]*nftables.Set
+}
+
+// NewGuardConn returns a GuardConn for the network namespace at nsPath
+// ("" = the caller's own). It opens nothing yet.
+func NewGuardConn(nsPath string) *GuardConn {
+	return &GuardConn{nsPath: nsPath, fd: netns.None()}
+}
+
+// Close closes the connection (a later call opens it again).
+func (g *GuardConn) Close() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	err := g.drop()
+	if g.fd.IsOpen() {
+		err = errors.Join(err, g.fd.Close())
+		g.fd = netns.None()
+	}
+	return err
+}
+
+// drop closes the socket and forgets the sets' handles; g.mu is held.
+func (g *GuardConn) drop() error {
+	g.sets = nil
+	if g.c == nil {
+		return nil
+	}
+	c := g.c
+	g.c = nil
+	return c.CloseLasting()
+}
+
+// conn is the lasting connection, opened if need be; g.mu is held.
+func (g *GuardConn) conn() (*nftables.Conn, error) {
+	if g.c != nil {
+		return g.c, nil
+	}
+	opts := []nftables.ConnOption{nftables.AsLasting()}
+	if g.nsPath != "" {
+		if !g.fd.IsOpen() {
+			fd, err := netns.GetFromPath(g.nsPath)
+			if err != nil {
+				return nil, fmt.Errorf("open network namespace %q: %w", g.nsPath, err)
+			}
+			g.fd = fd
+		}
+		opts = append(opts, nftables.WithNetNSFd(int(g.fd)))
+	}
+	c, err := nftables.New(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("open nftables in network namespace %q: %w", g.nsPath, err)
+	}
+	g.c = c
+	return c, nil
+}
+
+// set is the set name of table t, from the cache or looked up; ErrNoGuard
+// when there is none. g.mu is held.
+func (g *GuardConn) set(c *nftables.Conn, t *nftables.Table, name string) (*nftables.Set, error) {
+	k := familyName(t.Family) + " " + name
+	if s, ok := g.sets[k]; ok {
+		return s, nil
+	}
+	s, err := c.GetSetByName(t, name)
+	if err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil, ErrNoGuard
+		}
+		return nil, fmt.Errorf("reading nftables set %s of table %s %s: %w", name, familyName(t.Family), t.Name, err)
+	}
+	if g.sets == nil {
+		g.sets = map[string]*nftables.Set{}
+	}
+	g.sets[k] = s
+	return s, nil
+}
+
+// do runs op on the connection, under g.mu. ErrNoGuard it returns as it
+// is: it comes of a lookup answered in full (the socket is fine), and
+// absence is never cached. After another error it drops the connection
+// and the handles and runs op once more from the start. op must be safe
+// to repeat.
+func (g *GuardConn) do(op func(c *nftables.Conn) error) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var err error
+	for attempt := 0; attempt < 2; attempt++ {
+		var c *nftables.Conn
+		if c, err = g.conn(); err == nil {
+			if err = op(c); err == nil || errors.Is(err, ErrNoGuard) {
+				return err
+			}
+		}
+		_ = g.drop()
+	}
+	return err
+}
+
+func addrElements(as []netip.Addr) []nftables.SetElement {
+	out := make([]nftables.SetElement, len(as))
+	for i, a := range as {
+		out[i] = nftables.SetElement{Key: a.AsSlice()}
+	}
+	return out
+}
+
+func podElements(ps []PodSource) []nftables.SetElement {
+	out := make([]nftables.SetElement, len(ps))
+	for i, p := range ps {
+		out[i] = nftables.SetElement{Key: podKey(p)}
+	}
+	return out
+}
+
 // SetPeerAddrs makes the peers set of table ip weft (IPIP is accepted only
 // from these underlay addresses) exactly addrs, in one batch, and says how
 // many it added and removed. It returns ErrNoGuard (wrapped) before Ensure
 // has set the guard up.
-func SetPeerAddrs(nsPath string, addrs []netip.Addr) (added, removed int, err error) {
+func (g *GuardConn) SetPeerAddrs(addrs []netip.Addr) (added, removed int, err error) {
 	for _, a := range addrs {
 		if !a.Is4() {
 			return 0, 0, fmt.Errorf("peer address %v: want IPv4", a)
 		}
 	}
-	n, err := openNS(nsPath)
+	err = g.do(func(c *nftables.Conn) error {
+		added, removed = 0, 0
+		s, err := g.set(c, weftTable(), peersSet)
+		if err != nil {
+			return err
+		}
+		els, err := c.GetSetElements(s)
+		if err != nil {
+			return fmt.Errorf("reading nftables set ip %s %s: %w", TableName, peersSet, err)
+		}
+		var have []netip.Addr
+		for _, e := range els {
+			if a, ok := netip.AddrFromSlice(e.Key); ok {
+				have = append(have, a)
+			}
+		}
+		add, del := diffSet(addrs, have, netip.Addr.Compare)
+		if len(add)+len(del) == 0 {
+			return nil
+		}
+		if len(add) > 0 {
+			if err := c.SetAddElements(s, addrElements(add)); err != nil {
+				return err
+			}
+		}
+		if len(del) > 0 {
+			if err := c.SetDeleteElements(s, addrElements(del)); err != nil {
+				return err
+			}
+		}
+		if err := c.Flush(); err != nil {
+			return fmt.Errorf("updating nftables set ip %s %s: %w", TableName, peersSet, err)
+		}
+		added, removed = len(add), len(del)
+		return nil
+	})
 	if err != nil {
 		return 0, 0, err
 	}
-	defer n.close()
-	c, err := n.nft()
-	if err != nil {
-		return 0, 0, err
-	}
-	s, els, err := setElements(c, weftTable(), peersSet)
-	if err != nil {
-		return 0, 0, err
-	}
-	var have []netip.Addr
-	for _, e := range els {
-		if a, ok := netip.AddrFromSlice(e.Key); ok {
-			have = append(have, a)
-		}
-	}
-	add, del := diffSet(addrs, have, netip.Addr.Compare)
-	if len(add)+len(del) == 0 {
-		return 0, 0, nil
-	}
-	toEls := func(as []netip.Addr) []nftables.SetElement {
-		out := make([]nftables.SetElement, len(as))
-		for i, a := range as {
-			out[i] = nftables.SetElement{Key: a.AsSlice()}
-		}
-		return out
-	}
-	if len(add) > 0 {
-		if err := c.SetAddElements(s, toEls(add)); err != nil {
-			return 0, 0, err
-		}
-	}
-	if len(del) > 0 {
-		if err := c.SetDeleteElements(s, toEls(del)); err != nil {
-			return 0, 0, err
-		}
-	}
-	if err := c.Flush(); err != nil {
-		return 0, 0, fmt.Errorf("updating nftables set ip %s %s: %w", TableName, peersSet, err)
-	}
-	return len(add), len(del), nil
+	return added, removed, nil
 }
 
 // SetPodSources makes the pods set of table bridge weft (what each pod
@@ -302,105 +430,204 @@ func SetPeerAddrs(nsPath string, addrs []netip.Addr) (added, removed int, err er
 // missing and removes every other element, except those keep says to
 // keep (a pod whose attachment the router no longer knows, but whose
 // address it holds). It returns what it added and removed, or ErrNoGuard
-// (wrapped) before Ensure has set the guard up.
-func SetPodSources(nsPath string, want []PodSource, keep func(PodSource) bool) (added, removed []PodSource, err error) {
+// (wrapped) before Ensure has set the guard up. It reads the whole set:
+// for one pod's entry, AddPodSources and RemovePodSource cost less.
+func (g *GuardConn) SetPodSources(want []PodSource, keep func(PodSource) bool) (added, removed []PodSource, err error) {
 	for _, p := range want {
 		if err := validatePodSource(p); err != nil {
 			return nil, nil, err
 		}
 	}
-	n, err := openNS(nsPath)
+	err = g.do(func(c *nftables.Conn) error {
+		added, removed = nil, nil
+		s, err := g.set(c, bridgeTable(), podsSet)
+		if err != nil {
+			return err
+		}
+		els, err := c.GetSetElements(s)
+		if err != nil {
+			return fmt.Errorf("reading nftables set bridge %s %s: %w", TableName, podsSet, err)
+		}
+		var have []PodSource
+		for _, e := range els {
+			if p, ok := podFromKey(e.Key); ok {
+				have = append(have, p)
+			}
+		}
+		add, del := diffSet(want, have, comparePodSources)
+		if keep != nil {
+			del = slices.DeleteFunc(del, keep)
+		}
+		if len(add)+len(del) == 0 {
+			return nil
+		}
+		if len(add) > 0 {
+			if err := c.SetAddElements(s, podElements(add)); err != nil {
+				return err
+			}
+		}
+		if len(del) > 0 {
+			if err := c.SetDeleteElements(s, podElements(del)); err != nil {
+				return err
+			}
+		}
+		if err := c.Flush(); err != nil {
+			return fmt.Errorf("updating nftables set bridge %s %s: %w", TableName, podsSet, err)
+		}
+		added, removed = add, del
+		return nil
+	})
 	if err != nil {
 		return nil, nil, err
 	}
-	defer n.close()
-	c, err := n.nft()
-	if err != nil {
-		return nil, nil, err
-	}
-	s, els, err := setElements(c, bridgeTable(), podsSet)
-	if err != nil {
-		return nil, nil, err
-	}
-	var have []PodSource
-	for _, e := range els {
-		if p, ok := podFromKey(e.Key); ok {
-			have = append(have, p)
+	return added, removed, nil
+}
+
+// AddPodSources puts ps into the pods set of table bridge weft, in one
+// batch, and removes nothing: an element already there stays as it is.
+// It neither reads the set nor looks it up after the first time (see
+// GuardConn); when it returns nil, every element of ps is in the set. It
+// returns ErrNoGuard (wrapped) before Ensure has set the guard up.
+func (g *GuardConn) AddPodSources(ps []PodSource) error {
+	for _, p := range ps {
+		if err := validatePodSource(p); err != nil {
+			return err
 		}
 	}
-	add, del := diffSet(want, have, comparePodSources)
-	if keep != nil {
-		del = slices.DeleteFunc(del, keep)
+	if len(ps) == 0 {
+		return nil
 	}
-	if len(add)+len(del) == 0 {
-		return nil, nil, nil
-	}
-	toEls := func(ps []PodSource) []nftables.SetElement {
-		out := make([]nftables.SetElement, len(ps))
-		for i, p := range ps {
-			out[i] = nftables.SetElement{Key: podKey(p)}
+	els := podElements(ps)
+	return g.do(func(c *nftables.Conn) error {
+		s, err := g.set(c, bridgeTable(), podsSet)
+		if err != nil {
+			return err
 		}
-		return out
-	}
-	if len(add) > 0 {
-		if err := c.SetAddElements(s, toEls(add)); err != nil {
-			return nil, nil, err
+		if err := c.SetAddElements(s, els); err != nil {
+			return err
 		}
-	}
-	if len(del) > 0 {
-		if err := c.SetDeleteElements(s, toEls(del)); err != nil {
-			return nil, nil, err
+		if err := c.Flush(); err != nil {
+			return fmt.Errorf("adding to nftables set bridge %s %s: %w", TableName, podsSet, err)
 		}
+		return nil
+	})
+}
+
+// RemovePodSource takes p out of the pods set of table bridge weft and
+// nothing else, without reading the set, and says whether p was in it.
+// It returns ErrNoGuard (wrapped) before Ensure has set the guard up.
+func (g *GuardConn) RemovePodSource(p PodSource) (removed bool, err error) {
+	if err := validatePodSource(p); err != nil {
+		return false, err
 	}
-	if err := c.Flush(); err != nil {
-		return nil, nil, fmt.Errorf("updating nftables set bridge %s %s: %w", TableName, podsSet, err)
-	}
-	return add, del, nil
+	els := podElements([]PodSource{p})
+	err = g.do(func(c *nftables.Conn) error {
+		removed = false
+		s, err := g.set(c, bridgeTable(), podsSet)
+		if err != nil {
+			return err
+		}
+		if err := c.SetDeleteElements(s, els); err != nil {
+			return err
+		}
+		err = c.Flush()
+		if errors.Is(err, unix.ENOENT) {
+			// No such element, or no such set (a handle gone stale):
+			// after a failed batch the socket is dropped; a fresh
+			// lookup tells the two apart.
+			_ = g.drop()
+			if c, err = g.conn(); err != nil {
+				return err
+			}
+			delete(g.sets, familyName(nftables.TableFamilyBridge)+" "+podsSet)
+			_, err = g.set(c, bridgeTable(), podsSet)
+			return err // nil: the set is there, p was not
+		}
+		if err != nil {
+			return fmt.Errorf("deleting from nftables set bridge %s %s: %w", TableName, podsSet, err)
+		}
+		removed = true
+		return nil
+	})
+	return removed, err
 }
 
 // DropCounts reads the packets the guard's rules dropped, by reason (every
 // reason of DropReasons is present, 0 without a guard).
-func DropCounts(nsPath string) (map[string]uint64, error) {
-	n, err := openNS(nsPath)
-	if err != nil {
-		return nil, err
-	}
-	defer n.close()
-	c, err := n.nft()
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]uint64{}
-	for _, r := range DropReasons {
-		out[r] = 0
-	}
-	for _, tc := range []struct {
-		t      *nftables.Table
-		chains []string
-	}{
-		{weftTable(), []string{guardInputChain, guardForwardChain}},
-		{bridgeTable(), []string{podsChain}},
-	} {
-		for _, name := range tc.chains {
-			rules, err := c.GetRules(tc.t, &nftables.Chain{Name: name, Table: tc.t})
-			if errors.Is(err, unix.ENOENT) {
-				continue
-			}
-			if err != nil {
-				return nil, fmt.Errorf("reading the rules of %s %s: %w", tc.t.Name, name, err)
-			}
-			for _, r := range rules {
-				reason, ok := reasonOf(commentOf(r))
-				if !ok {
+func (g *GuardConn) DropCounts() (map[string]uint64, error) {
+	var out map[string]uint64
+	err := g.do(func(c *nftables.Conn) error {
+		out = map[string]uint64{}
+		for _, r := range DropReasons {
+			out[r] = 0
+		}
+		for _, tc := range []struct {
+			t      *nftables.Table
+			chains []string
+		}{
+			{weftTable(), []string{guardInputChain, guardForwardChain}},
+			{bridgeTable(), []string{podsChain}},
+		} {
+			for _, name := range tc.chains {
+				rules, err := c.GetRules(tc.t, &nftables.Chain{Name: name, Table: tc.t})
+				if errors.Is(err, unix.ENOENT) {
 					continue
 				}
-				for _, x := range r.Exprs {
-					if ctr, ok := x.(*expr.Counter); ok {
-						out[reason] += ctr.Packets
+				if err != nil {
+					return fmt.Errorf("reading the rules of %s %s: %w", tc.t.Name, name, err)
+				}
+				for _, r := range rules {
+					reason, ok := reasonOf(commentOf(r))
+					if !ok {
+						continue
+					}
+					for _, x := range r.Exprs {
+						if ctr, ok := x.(*expr.Counter); ok {
+							out[reason] += ctr.Packets
+						}
 					}
 				}
 			}
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
+}
+
+// once runs f on a GuardConn for nsPath that lives for the call.
+func once[T any](nsPath string, f func(*GuardConn) (T, error)) (T, error) {
+	g := NewGuardConn(nsPath)
+	defer g.Close()
+	return f(g)
+}
+
+// SetPeerAddrs is GuardConn.SetPeerAddrs in the network namespace at
+// nsPath, over a connection of its own.
+func SetPeerAddrs(nsPath string, addrs []netip.Addr) (added, removed int, err error) {
+	type counts struct{ added, removed int }
+	c, err := once(nsPath, func(g *GuardConn) (counts, error) {
+		a, r, err := g.SetPeerAddrs(addrs)
+		return counts{a, r}, err
+	})
+	return c.added, c.removed, err
+}
+
+// SetPodSources is GuardConn.SetPodSources in the network namespace at
+// nsPath, over a connection of its own.
+func SetPodSources(nsPath string, want []PodSource, keep func(PodSource) bool) (added, removed []PodSource, err error) {
+	type diff struct{ added, removed []PodSource }
+	d, err := once(nsPath, func(g *GuardConn) (diff, error) {
+		a, r, err := g.SetPodSources(want, keep)
+		return diff{a, r}, err
+	})
+	return d.added, d.removed, err
+}
+
+// DropCounts is GuardConn.DropCounts in the network namespace at nsPath,
+// over a connection of its own.
+func DropCounts(nsPath string) (map[string]uint64, error) {
+	return once(nsPath, (*GuardConn).DropCounts)
 }

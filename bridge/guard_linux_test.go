@@ -425,3 +425,90 @@ func TestGuardDropsSpoofedARP(t *testing.T) {
 	a.sendARP(t, e.cfg.Gateway.Addr())
 	e.waitCount(t, DropSpoofedARP, 2)
 }
+
+// TestGuardConnLasting: one GuardConn, as the router keeps for its life,
+// adds and removes single pod sources without touching the others, and
+// keeps working across what invalidates its socket or its cached set
+// handle: a rebuild of the tables by Ensure (another configuration), a
+// Teardown (ErrNoGuard, never an entry written to nowhere), and a new
+// Ensure after it.
+func TestGuardConnLasting(t *testing.T) {
+	e := newEnv(t)
+	g := NewGuardConn(e.ns.Path())
+	t.Cleanup(func() { g.Close() })
+	a := PodSource{"weftaaaaaaaaaaa", netip.MustParseAddr("10.32.0.5")}
+	b := PodSource{"weftbbbbbbbbbbb", netip.MustParseAddr("10.32.0.6")}
+	c := PodSource{"weftccccccccccc", netip.MustParseAddr("10.32.0.7")}
+	if err := g.AddPodSources([]PodSource{a}); !errors.Is(err, ErrNoGuard) {
+		t.Fatalf("AddPodSources before Ensure: %v, want ErrNoGuard", err)
+	}
+	if _, err := g.RemovePodSource(a); !errors.Is(err, ErrNoGuard) {
+		t.Fatalf("RemovePodSource before Ensure: %v, want ErrNoGuard", err)
+	}
+	e.guarded()
+	e.ensure(t)
+	if err := g.AddPodSources([]PodSource{a, b}); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.AddPodSources([]PodSource{b, c}); err != nil { // b again: no error, no change
+		t.Fatalf("AddPodSources with an element already there: %v", err)
+	}
+	if got := e.podSources(t); !slices.Equal(got, []PodSource{a, b, c}) {
+		t.Fatalf("pods set %v, want %v %v %v", got, a, b, c)
+	}
+	if gone, err := g.RemovePodSource(b); err != nil || !gone {
+		t.Fatalf("RemovePodSource(%v) = %v, %v; want true", b, gone, err)
+	}
+	if gone, err := g.RemovePodSource(b); err != nil || gone {
+		t.Fatalf("RemovePodSource(%v) again = %v, %v; want false, nil", b, gone, err)
+	}
+	if got := e.podSources(t); !slices.Equal(got, []PodSource{a, c}) {
+		t.Fatalf("pods set %v after removing %v, want %v %v", got, b, a, c)
+	}
+	if err := g.AddPodSources([]PodSource{{"weft-bad name!!", a.Addr}}); err == nil {
+		t.Error("AddPodSources took an invalid veth name")
+	}
+
+	// A rebuild replaces the tables (their handles change); the
+	// elements are carried over and the cached handle still works.
+	e.cfg.Guard.IPIPPeersOnly = false
+	if info := e.ensure(t); len(info.Changes) == 0 {
+		t.Fatal("Ensure with another guard changed nothing")
+	}
+	if err := g.AddPodSources([]PodSource{b}); err != nil {
+		t.Fatalf("AddPodSources after a rebuild: %v", err)
+	}
+	if got := e.podSources(t); !slices.Equal(got, []PodSource{a, b, c}) {
+		t.Fatalf("pods set %v after a rebuild, want %v %v %v", got, a, b, c)
+	}
+	if add, del, err := g.SetPeerAddrs([]netip.Addr{netip.MustParseAddr("192.0.2.9")}); err != nil || add != 1 || del != 0 {
+		t.Fatalf("SetPeerAddrs on the lasting connection: +%d -%d %v", add, del, err)
+	}
+
+	if err := Teardown(e.ns.Path(), e.name, e.log); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.AddPodSources([]PodSource{a}); !errors.Is(err, ErrNoGuard) {
+		t.Fatalf("AddPodSources after Teardown: %v, want ErrNoGuard", err)
+	}
+	if _, err := g.RemovePodSource(a); !errors.Is(err, ErrNoGuard) {
+		t.Fatalf("RemovePodSource after Teardown: %v, want ErrNoGuard", err)
+	}
+	e.ensure(t)
+	if err := g.AddPodSources([]PodSource{c}); err != nil {
+		t.Fatalf("AddPodSources after a new Ensure: %v", err)
+	}
+	if got := e.podSources(t); !slices.Equal(got, []PodSource{c}) {
+		t.Fatalf("pods set %v after Teardown and Ensure, want only %v", got, c)
+	}
+	if counts, err := g.DropCounts(); err != nil || len(counts) != len(DropReasons) {
+		t.Fatalf("DropCounts: %v %v", counts, err)
+	}
+	// Closed, it opens again on use.
+	if err := g.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.AddPodSources([]PodSource{a}); err != nil {
+		t.Fatalf("AddPodSources after Close: %v", err)
+	}
+}

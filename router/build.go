@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -75,6 +76,9 @@ func build(ctx context.Context, cfg *Validated, log *slog.Logger, kernel Kernel,
 	r.seams = s
 	n := &Node{Router: r}
 	n.closers = append(n.closers, r.db.Close)
+	if c, ok := r.kernel.(io.Closer); ok {
+		n.closers = append(n.closers, c.Close) // the guard's nftables connection
+	}
 	defer func() {
 		if err != nil {
 			n.close()

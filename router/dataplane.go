@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/netip"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -440,12 +442,10 @@ func podSource(k ipalloc.Key, addr netip.Addr) (bridge.PodSource, bool) {
 	return bridge.PodSource{Veth: cni.HostVethName(k.ContainerID, k.IfName), Addr: addr}, true
 }
 
-// keepAll keeps every entry of the set that is not asked for.
-func keepAll(bridge.PodSource) bool { return true }
-
 // allowPodSource puts one pod's source into the guard's set (and removes
 // nothing): called before the local API answers an ADD. It costs one
-// kernel batch, not a walk of every allocation (the full reconcile,
+// kernel batch that only adds (Kernel.AddPodSources: the set is neither
+// read nor looked up), not a walk of every allocation (the full reconcile,
 // syncPodSources, runs at start, after GC and on every resync).
 // Concurrent ADDs share a batch: the first to take the guard's lock
 // writes every source queued by then, the others find theirs written
@@ -468,19 +468,25 @@ func (r *Router) allowPodSource(p bridge.PodSource) error {
 	if b.flushed {
 		return b.err
 	}
+	// The ADDs that became runnable with this one (the allocator answers
+	// a step's waiters together) get one turn first, to join this batch
+	// rather than each write one of their own: a yield, not a wait.
+	runtime.Gosched()
 	g.batchMu.Lock()
 	if g.next == b {
 		g.next = nil // later ADDs start the next batch
 	}
 	pods := b.pods // no one appends to b any more
 	g.batchMu.Unlock()
-	added, _, err := r.kernel.SetPodSources(pods, keepAll)
+	err := r.kernel.AddPodSources(pods)
 	if errors.Is(err, bridge.ErrNoGuard) {
 		err = nil
 	}
 	b.flushed, b.err = true, err
-	for _, p := range added {
-		r.log.Debug("guard: pod may send", "veth", p.Veth, "address", p.Addr)
+	if err == nil && r.log.Enabled(context.Background(), slog.LevelDebug) {
+		for _, p := range pods {
+			r.log.Debug("guard: pod may send", "veth", p.Veth, "address", p.Addr)
+		}
 	}
 	return err
 }
@@ -501,14 +507,14 @@ func (r *Router) withdrawPodSource(p bridge.PodSource) error {
 	g := &r.guard
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	_, removed, err := r.kernel.SetPodSources(nil, func(q bridge.PodSource) bool { return q != p })
+	removed, err := r.kernel.RemovePodSource(p)
 	switch {
 	case errors.Is(err, bridge.ErrNoGuard):
 		return nil
 	case err != nil:
 		return err
 	}
-	for _, p := range removed {
+	if removed {
 		r.log.Debug("guard: pod source withdrawn", "veth", p.Veth, "address", p.Addr)
 	}
 	return nil

@@ -127,6 +127,29 @@ func (k *fakeKernel) SetPodSources(want []bridge.PodSource, keep func(bridge.Pod
 	return added, removed, nil
 }
 
+func (k *fakeKernel) AddPodSources(ps []bridge.PodSource) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.pods == nil {
+		return bridge.ErrNoGuard
+	}
+	for _, p := range ps {
+		k.pods[p] = true
+	}
+	return nil
+}
+
+func (k *fakeKernel) RemovePodSource(p bridge.PodSource) (bool, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.pods == nil {
+		return false, bridge.ErrNoGuard
+	}
+	had := k.pods[p]
+	delete(k.pods, p)
+	return had, nil
+}
+
 func (k *fakeKernel) GuardDrops() (map[string]uint64, error) { return map[string]uint64{}, nil }
 
 func (k *fakeKernel) state() (bridges []bridge.Config, peers []netip.Addr, pods []bridge.PodSource, teardowns int) {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"sync"
 
 	"github.com/weft-net/weft/bridge"
 	"github.com/weft-net/weft/tunnel"
@@ -33,21 +34,43 @@ type Kernel interface {
 	// SetPodSources makes the guard's set of (host veth, pod address)
 	// pairs want, keeping entries that keep says to (bridge.SetPodSources).
 	SetPodSources(want []bridge.PodSource, keep func(bridge.PodSource) bool) (added, removed []bridge.PodSource, err error)
+	// AddPodSources puts ps into that set and removes nothing, without
+	// reading the set (an ADD's entry): when it returns nil, every one of
+	// ps is in it.
+	AddPodSources(ps []bridge.PodSource) error
+	// RemovePodSource takes p out of that set, and nothing else (a DEL's
+	// entry), and says whether p was there.
+	RemovePodSource(p bridge.PodSource) (removed bool, err error)
 	// GuardDrops reads the guard's drop counters by reason.
 	GuardDrops() (map[string]uint64, error)
 }
 
-// HostKernel is the Kernel of the namespace the router runs in.
-type HostKernel struct{}
+// HostKernel is the Kernel of the namespace the router runs in. It keeps
+// one nftables connection to the guard's sets for its life
+// (bridge.GuardConn: every pod ADD and DEL changes them); Close closes it.
+// The zero value is ready to use.
+type HostKernel struct {
+	once  sync.Once
+	guard *bridge.GuardConn
+}
 
-func (HostKernel) DefaultRoute() (string, int, netip.Addr, error) { return bridge.DefaultRouteMTU("") }
+// guardConn is the guard's connection, made on first use.
+func (k *HostKernel) guardConn() *bridge.GuardConn {
+	k.once.Do(func() { k.guard = bridge.NewGuardConn("") })
+	return k.guard
+}
 
-func (HostKernel) EnsureBridge(cfg bridge.Config, log *slog.Logger) error {
+// Close closes the guard's connection.
+func (k *HostKernel) Close() error { return k.guardConn().Close() }
+
+func (*HostKernel) DefaultRoute() (string, int, netip.Addr, error) { return bridge.DefaultRouteMTU("") }
+
+func (*HostKernel) EnsureBridge(cfg bridge.Config, log *slog.Logger) error {
 	_, err := bridge.Ensure("", cfg, log)
 	return err
 }
 
-func (HostKernel) Teardown(name string, log *slog.Logger) error {
+func (*HostKernel) Teardown(name string, log *slog.Logger) error {
 	if err := bridge.Teardown("", name, log); err != nil {
 		return fmt.Errorf("removing bridge %s: %w", name, err)
 	}
@@ -59,14 +82,24 @@ func (HostKernel) Teardown(name string, log *slog.Logger) error {
 	return tunnel.RemoveKernelIPIP(tunnel.DefaultIPIPName)
 }
 
-func (HostKernel) NewTunnel(cfg tunnel.Config) (*tunnel.Device, error) { return tunnel.New(cfg) }
+func (*HostKernel) NewTunnel(cfg tunnel.Config) (*tunnel.Device, error) { return tunnel.New(cfg) }
 
-func (HostKernel) SetGuardPeers(addrs []netip.Addr) (int, int, error) {
-	return bridge.SetPeerAddrs("", addrs)
+func (k *HostKernel) SetGuardPeers(addrs []netip.Addr) (int, int, error) {
+	return k.guardConn().SetPeerAddrs(addrs)
 }
 
-func (HostKernel) SetPodSources(want []bridge.PodSource, keep func(bridge.PodSource) bool) ([]bridge.PodSource, []bridge.PodSource, error) {
-	return bridge.SetPodSources("", want, keep)
+func (k *HostKernel) SetPodSources(want []bridge.PodSource, keep func(bridge.PodSource) bool) ([]bridge.PodSource, []bridge.PodSource, error) {
+	return k.guardConn().SetPodSources(want, keep)
 }
 
-func (HostKernel) GuardDrops() (map[string]uint64, error) { return bridge.DropCounts("") }
+func (k *HostKernel) AddPodSources(ps []bridge.PodSource) error {
+	return k.guardConn().AddPodSources(ps)
+}
+
+func (k *HostKernel) RemovePodSource(p bridge.PodSource) (bool, error) {
+	return k.guardConn().RemovePodSource(p)
+}
+
+// GuardDrops reads the counters on a connection of its own: a metrics
+// scrape never holds up an ADD's batch on the guard's connection.
+func (k *HostKernel) GuardDrops() (map[string]uint64, error) { return bridge.DropCounts("") }

@@ -176,7 +176,8 @@ func TestLocalAPIBadInput(t *testing.T) {
 	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		return (&net.Dialer{}).DialContext(ctx, "unix", cl.Socket())
 	}}}
-	for path, body := range map[string]string{api.PathIP: "{not json", api.PathGC: "{}", api.PathIP + "?x": ""} {
+	for path, body := range map[string]string{api.PathIP: "{not json", api.PathGC: "{}", api.PathIP + "?x": "", api.PathIP + "?y": " \n ",
+		api.PathIP + "?z": `{"containerID":"c","ifName":"eth0"} {"containerID":"d","ifName":"eth0"}`} { // one JSON value only
 		resp, err := hc.Post("http://weft"+path, "application/json", strings.NewReader(body))
 		if err != nil {
 			t.Fatal(err)

@@ -19,14 +19,14 @@ import (
 type gatedKernel struct {
 	*fakeKernel
 	calls atomic.Int32
-	gate  chan struct{} // the first SetPodSources waits for it to close
+	gate  chan struct{} // the first AddPodSources waits for it to close
 }
 
-func (k *gatedKernel) SetPodSources(want []bridge.PodSource, keep func(bridge.PodSource) bool) ([]bridge.PodSource, []bridge.PodSource, error) {
+func (k *gatedKernel) AddPodSources(ps []bridge.PodSource) error {
 	if k.calls.Add(1) == 1 {
 		<-k.gate
 	}
-	return k.fakeKernel.SetPodSources(want, keep)
+	return k.fakeKernel.AddPodSources(ps)
 }
 
 func (k *gatedKernel) has(p bridge.PodSource) bool {

@@ -101,7 +101,7 @@ func New(cfg *Validated, log *slog.Logger) (*Router, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Router{cfg: cfg, log: log, db: db, kernel: HostKernel{}, reason: "starting", resetCh: make(chan struct{}, 1), dataplaneKick: make(chan struct{}, 1)}
+	r := &Router{cfg: cfg, log: log, db: db, kernel: &HostKernel{}, reason: "starting", resetCh: make(chan struct{}, 1), dataplaneKick: make(chan struct{}, 1)}
 	fail := func(err error) (*Router, error) { db.Close(); return nil, err }
 
 	r.name, err = db.PeerName(cfg.Name)

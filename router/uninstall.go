@@ -42,7 +42,7 @@ type podVethRemover interface {
 // it can be run again.
 func Uninstall(cfg UninstallConfig, log *slog.Logger) error {
 	if cfg.Kernel == nil {
-		cfg.Kernel = HostKernel{}
+		cfg.Kernel = &HostKernel{} // Teardown opens what it needs for the call
 	}
 	if cfg.CNIConfDir == "" || cfg.Bridge == "" || cfg.StateDir == "" {
 		return errors.New("uninstall: give --cni-conf-dir, --bridge and --state-dir as the router had them")
