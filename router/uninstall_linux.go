@@ -17,7 +17,7 @@ import (
 // end goes with its host end. Uninstall runs it once the bridge is gone:
 // a pod still running then has no bridge, route or router behind its
 // interface, and the node is left with nothing of weft.
-func (HostKernel) RemovePodVeths(log *slog.Logger) (int, error) {
+func (*HostKernel) RemovePodVeths(log *slog.Logger) (int, error) {
 	links, err := netlink.LinkList()
 	for try := 0; errors.Is(err, netlink.ErrDumpInterrupted) && try < 3; try++ {
 		links, err = netlink.LinkList() // the list changed meanwhile
