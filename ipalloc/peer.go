@@ -432,8 +432,23 @@ func (p *Peer) Self() PeerName { return p.cfg.Self }
 func (p *Peer) Ring() *Ring { return p.a.Ring() }
 
 // Gossip returns a copy of the ring of the last Ready: the ring to offer in
-// a full-state exchange.
-func (p *Peer) Gossip() *Ring { return p.gossip.Clone() }
+// a full-state exchange. A peer that knows it is removed offers an empty
+// ring (offersRing).
+func (p *Peer) Gossip() *Ring {
+	if !p.offersRing() {
+		return NewRing(p.cfg.Universe)
+	}
+	return p.gossip.Clone()
+}
+
+// offersRing reports whether this peer shows its ring to others. A peer
+// that knows it is removed does not: its entries are its reclaimer's now,
+// and what it changed in them after its removal began (a donation that
+// nobody else saw, made while it was cut off) contradicts the takeover. A
+// peer that has not heard of the removal (one that joined after the
+// reclaim) would take those changes and then carry a ring that the others
+// refuse (make test-long seed 397).
+func (p *Peer) offersRing() bool { return p.removedErr() == nil }
 
 // Lookup returns k's address.
 func (p *Peer) Lookup(k Key) (Address, bool) { return p.a.Lookup(k) }
@@ -457,7 +472,7 @@ func (p *Peer) AddPeer(name PeerName) {
 		return
 	}
 	p.known[name] = true
-	if !p.a.ring.Empty() && p.leave == nil && p.live(name) {
+	if !p.a.ring.Empty() && p.leave == nil && p.live(name) && p.offersRing() {
 		// What memberlist's join does with the full state: a peer that
 		// started without state learns at once what it owns (and answers
 		// with its own ring, as this one is new to it).
@@ -512,7 +527,7 @@ func (p *Peer) Ready() Ready {
 		rd.Ring = p.a.Ring()
 		p.gossip = rd.Ring.Clone()
 	}
-	if p.broadcast && !p.gossip.Empty() {
+	if p.broadcast && !p.gossip.Empty() && p.offersRing() {
 		rd.Broadcast = p.gossip.Clone()
 		p.freeGossip = false
 	}
@@ -704,7 +719,7 @@ func (p *Peer) stepPaxos(from PeerName, m *PaxosMsg) error {
 	}
 	if !p.a.ring.Empty() {
 		// Claimed already: show the asker the ring instead of voting.
-		if m.Type == Prepare || m.Type == Accept {
+		if (m.Type == Prepare || m.Type == Accept) && p.offersRing() {
 			p.send(from, &RingMsg{Ring: p.a.Ring()})
 		}
 		return nil

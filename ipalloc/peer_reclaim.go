@@ -135,7 +135,21 @@ func (p *Peer) stepRemove(from PeerName, m *Remove) {
 		p.removed[x] = from
 		p.removedDirty = true
 	}
-	p.send(from, &RemoveAck{Peer: x, Ring: p.a.Ring(), Members: p.barrier(x)})
+	if p.removed[x] == p.cfg.Self {
+		// This peer reclaims x too, and goes first (the lower name): from
+		// must not take x's ranges over as well, since two takeovers of
+		// one peer clash (a reclaimer that lost its state and was asked
+		// to rmpeer again, make test-long seed 629). It gets this peer's
+		// Remove instead of an acknowledgement, and gives way.
+		p.send(from, &Remove{Peer: x})
+		p.completeReclaims()
+		return
+	}
+	ring := p.a.Ring()
+	if !p.offersRing() {
+		ring = NewRing(p.cfg.Universe)
+	}
+	p.send(from, &RemoveAck{Peer: x, Ring: ring, Members: p.barrier(x)})
 	// x no longer counts as live: a reclaim that waited for it may go on.
 	p.completeReclaims()
 }

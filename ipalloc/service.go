@@ -387,7 +387,7 @@ func (s *Service) flushLocked() error {
 	}
 	for _, rd := range rds {
 		if rd.Ring != nil {
-			s.setSaved(rd.Ring.Clone())
+			s.setSaved(s.p.Gossip()) // the last Ready's ring, saved now; empty once this peer knows it is removed
 			select {
 			case s.ringChanged <- struct{}{}:
 			default:
