@@ -37,6 +37,7 @@ func main() {
 		pushPull = flag.Duration("pushpull", 0, "memberlist push-pull interval (0: production, 30 s)")
 		idle     = flag.Duration("idle", 20*time.Second, "window to measure idle bandwidth and CPU")
 		bound    = flag.Duration("timeout", 3*time.Minute, "bound of each phase")
+		initMode = flag.String("init", "consensus", "first claim: consensus (consensus=N on every node) or seed (seed= the first three nodes, on every node)")
 		verbose  = flag.Bool("v", false, "log the nodes at warn")
 	)
 	flag.Parse()
@@ -50,8 +51,12 @@ func main() {
 	if shown == 0 {
 		shown = mesh.DefaultTimings().PushPullInterval
 	}
-	fmt.Printf("%s, %d CPUs, load %s, loss %g%%, delay %s, push-pull %s (memberlist scales it up above 32 peers)\n\n",
-		time.Now().UTC().Format(time.RFC3339), runtime.NumCPU(), load(), *loss*100, *delay, shown)
+	if *initMode != "consensus" && *initMode != "seed" {
+		fmt.Fprintf(os.Stderr, "scalebench: -init %q: give consensus or seed\n", *initMode)
+		os.Exit(2)
+	}
+	fmt.Printf("%s, %d CPUs, load %s, init %s, loss %g%%, delay %s, push-pull %s (memberlist scales it up above 32 peers)\n\n",
+		time.Now().UTC().Format(time.RFC3339), runtime.NumCPU(), load(), *initMode, *loss*100, *delay, shown)
 	fmt.Println("| N | first claim, all | one ring, all | late node's first address | its donation seen by all | idle B/node/s | converging B/node/s | largest ipam msg sent / state | largest packet / stream | heap/node | CPU/node idle | ring broadcasts too large | load |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, f := range strings.Split(*ns, ",") {
@@ -60,7 +65,7 @@ func main() {
 			fmt.Fprintf(os.Stderr, "scalebench: bad size %q\n", f)
 			os.Exit(2)
 		}
-		row, err := bench(n, scale.Config{Loss: *loss, Delay: *delay, Timings: tm, Log: log, Seed: uint64(n)}, *idle, *bound)
+		row, err := bench(n, *initMode, scale.Config{Loss: *loss, Delay: *delay, Timings: tm, Log: log, Seed: uint64(n)}, *idle, *bound)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "scalebench:", err)
 			os.Exit(1)
@@ -69,7 +74,7 @@ func main() {
 	}
 }
 
-func bench(n int, cfg scale.Config, idle, bound time.Duration) (string, error) {
+func bench(n int, initMode string, cfg scale.Config, idle, bound time.Duration) (string, error) {
 	dir, err := os.MkdirTemp("", "scalebench-")
 	if err != nil {
 		return "", err
@@ -91,11 +96,14 @@ func bench(n int, cfg scale.Config, idle, bound time.Duration) (string, error) {
 		pctx, cancel := context.WithTimeout(ctx, bound)
 		defer cancel()
 		if err := scale.WaitFor(pctx, 20*time.Millisecond, cond); err != nil {
-			return 0, fmt.Errorf("N=%d: %s: not within %s", n, what, bound)
+			return 0, fmt.Errorf("N=%d: %s: not within %s; %s", n, what, bound, diagnose(c.Nodes()))
 		}
 		return time.Since(began), nil
 	}
 	init := ipalloc.Init{Consensus: n}
+	if initMode == "seed" {
+		init = ipalloc.Init{Seeds: []ipalloc.PeerName{"node0000", "node0001", "node0002"}}
+	}
 	began := time.Now()
 	for i := range n {
 		var peers []string
@@ -107,6 +115,7 @@ func bench(n int, cfg scale.Config, idle, bound time.Duration) (string, error) {
 		}
 	}
 	nodes := c.Nodes()
+	fmt.Fprintf(os.Stderr, "scalebench: N=%d: %d nodes started in %s\n", n, n, time.Since(began).Round(time.Millisecond))
 	if _, err := phase("first claim", func() bool { return scale.Claimed(nodes) }); err != nil {
 		return "", err
 	}
@@ -166,6 +175,38 @@ func bench(n int, cfg scale.Config, idle, bound time.Duration) (string, error) {
 	return fmt.Sprintf("| %d | %s | %s | %s | %s | %.0f | %.0f | %d B / %d B | %d B / %d B | %d KiB | %.2f%% | %d | %s |",
 		n, ms3(claim), ms3(ring), addr, reach, idleBps, busyBps, maxSent, maxState, maxPkt, maxStream,
 		heap/1024, idleCPU*100, tooLarge, load()), nil
+}
+
+// diagnose summarises where the nodes are, for a phase that did not end.
+func diagnose(nodes []*scale.Node) string {
+	claimed, minKnown, maxKnown, minAlive := 0, 1<<30, 0, 1<<30
+	var tooLarge, sendErrs uint64
+	conflict, last := "", ""
+	for _, nd := range nodes {
+		st := nd.Svc.Status()
+		if st.Claimed {
+			claimed++
+		}
+		minKnown, maxKnown = min(minKnown, st.Known), max(maxKnown, st.Known)
+		if st.Conflict != "" {
+			conflict = st.Conflict
+		}
+		alive := 0
+		for _, p := range nd.Mesh.Peers() {
+			if p.State == mesh.StateAlive {
+				alive++
+			}
+		}
+		minAlive = min(minAlive, alive)
+		tooLarge += nd.TooLarge()
+		sendErrs += nd.SendErrors()
+		if e := nd.LastSendError(); e != "" {
+			last = e
+		}
+	}
+	refused, dropped := scale.Refused(nodes)
+	return fmt.Sprintf("%d of %d claimed, known %d..%d, fewest alive seen %d, broadcasts too large %d, other send errors %d (last %q), refused %d, inbox drops %d, conflict %q",
+		claimed, len(nodes), minKnown, maxKnown, minAlive, tooLarge, sendErrs, last, refused, dropped, conflict)
 }
 
 func ms3(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) + " ms" }
