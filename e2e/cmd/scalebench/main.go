@@ -67,8 +67,10 @@ func main() {
 		}
 		row, err := bench(n, *initMode, scale.Config{Loss: *loss, Delay: *delay, Timings: tm, Log: log, Seed: uint64(n)}, *idle, *bound)
 		if err != nil {
+			// A phase that did not end is a result too: its row says
+			// where the nodes were.
 			fmt.Fprintln(os.Stderr, "scalebench:", err)
-			os.Exit(1)
+			row = fmt.Sprintf("| %d | %s | | | | | | | | | | | %s |", n, err, load())
 		}
 		fmt.Println(row)
 	}
