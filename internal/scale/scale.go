@@ -99,6 +99,7 @@ type Node struct {
 	received         atomic.Uint64 // ipam messages received
 	// The largest message the allocator sent, and the sends the channel
 	// refused (too large for a broadcast, no such peer).
+	byKind                      [32]atomic.Uint64 // ipam messages received, by their kind byte
 	maxSent, sendErrs, tooLarge atomic.Uint64
 	lastErr                     atomic.Value // string
 }
@@ -261,12 +262,12 @@ func (c *Cluster) BytesSent() uint64 {
 type gossiper struct{ n *Node }
 
 func (g gossiper) OnBroadcast(from mesh.PeerName, data []byte) ([]byte, error) {
-	g.n.note(len(data))
+	g.n.note(data)
 	return nil, g.n.gossip.OnBroadcast(ipalloc.PeerName(from), data)
 }
 
 func (g gossiper) OnUnicast(from mesh.PeerName, data []byte) error {
-	g.n.note(len(data))
+	g.n.note(data)
 	return g.n.gossip.OnUnicast(ipalloc.PeerName(from), data)
 }
 
@@ -278,7 +279,24 @@ func (g gossiper) LocalState() []byte {
 
 func (g gossiper) MergeRemoteState(data []byte) error { return g.n.gossip.MergeRemoteState(data) }
 
-func (n *Node) note(size int) {
+// KindNames are the ipam message kinds by their kind byte (ipalloc/codec.go).
+var KindNames = []string{1: "ring", "prepare", "promise", "accept", "accepted", "nack", "donate-request", "donation",
+	"denial", "remove", "remove-ack", "handover", "handover-ack", "withdraw", "withdraw-ack"}
+
+// Received counts the ipam messages this node received, by kind byte.
+func (n *Node) Received() [32]uint64 {
+	var out [32]uint64
+	for i := range n.byKind {
+		out[i] = n.byKind[i].Load()
+	}
+	return out
+}
+
+func (n *Node) note(data []byte) {
+	size := len(data)
+	if len(data) >= 2 {
+		n.byKind[data[1]&31].Add(1)
+	}
 	n.received.Add(1)
 	storeMax(&n.maxMsg, uint64(size))
 }

@@ -206,9 +206,21 @@ func diagnose(nodes []*scale.Node) string {
 			last = e
 		}
 	}
+	var kinds [32]uint64
+	for _, nd := range nodes {
+		for i, v := range nd.Received() {
+			kinds[i] += v
+		}
+	}
+	var recv []string
+	for i, v := range kinds {
+		if v > 0 && i < len(scale.KindNames) {
+			recv = append(recv, fmt.Sprintf("%s %d", scale.KindNames[i], v))
+		}
+	}
 	refused, dropped := scale.Refused(nodes)
-	return fmt.Sprintf("%d of %d claimed, known %d..%d, fewest alive seen %d, broadcasts too large %d, other send errors %d (last %q), refused %d, inbox drops %d, conflict %q",
-		claimed, len(nodes), minKnown, maxKnown, minAlive, tooLarge, sendErrs, last, refused, dropped, conflict)
+	return fmt.Sprintf("received %s; %d of %d claimed, known %d..%d, fewest alive seen %d, broadcasts too large %d, other send errors %d (last %q), refused %d, inbox drops %d, conflict %q",
+		strings.Join(recv, ", "), claimed, len(nodes), minKnown, maxKnown, minAlive, tooLarge, sendErrs, last, refused, dropped, conflict)
 }
 
 func ms3(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) + " ms" }
