@@ -11,17 +11,21 @@ import (
 )
 
 // Lossy wraps any memberlist transport (a meshtest Transport or a real
-// NetTransport): it loses each outgoing packet with probability Loss, and
-// counts the bytes sent, packets and streams alike. Streams are never lost
-// (TCP retransmits).
+// NetTransport): it loses each outgoing packet with probability Loss,
+// delays each kept one by Delay, and counts the bytes sent, packets and
+// streams alike, with the largest packet and the largest stream (one
+// stream is one push-pull or join exchange). Streams are never lost (TCP
+// retransmits) nor delayed.
 type Lossy struct {
 	memberlist.NodeAwareTransport
 
 	rngMu sync.Mutex
 	rng   *rand.Rand // guarded by rngMu
 	loss  atomic.Uint64
+	delay atomic.Int64 // time.Duration of each packet's delivery
 
 	packetsSent, packetsLost, bytesSent atomic.Uint64
+	maxPacket, maxStream                atomic.Uint64
 
 	streams chan net.Conn
 	done    chan struct{}
@@ -46,6 +50,17 @@ func NewLossy(inner memberlist.NodeAwareTransport, loss float64, seed uint64) *L
 
 // SetLoss changes the loss probability.
 func (l *Lossy) SetLoss(p float64) { l.loss.Store(uint64(p * 1e9)) }
+
+// SetDelay delays the delivery of every packet sent from now on by d (0:
+// none), as a network's one-way latency would.
+func (l *Lossy) SetDelay(d time.Duration) { l.delay.Store(int64(d)) }
+
+// MaxPacket is the largest packet sent so far, in bytes.
+func (l *Lossy) MaxPacket() uint64 { return l.maxPacket.Load() }
+
+// MaxStream is the most bytes sent so far on one stream, either way, by
+// this end: a push-pull's full state, or a join's.
+func (l *Lossy) MaxStream() uint64 { return l.maxStream.Load() }
 
 // BytesSent is every byte sent so far, packets and streams.
 func (l *Lossy) BytesSent() uint64 { return l.bytesSent.Load() }
@@ -72,11 +87,28 @@ func (l *Lossy) WriteTo(b []byte, addr string) (time.Time, error) {
 func (l *Lossy) WriteToAddress(b []byte, a memberlist.Address) (time.Time, error) {
 	l.packetsSent.Add(1)
 	l.bytesSent.Add(uint64(len(b)))
+	storeMax(&l.maxPacket, uint64(len(b)))
 	if l.lose() {
 		l.packetsLost.Add(1)
 		return time.Now(), nil
 	}
+	if d := time.Duration(l.delay.Load()); d > 0 {
+		// The caller may reuse b once this returns, as with a socket.
+		buf := append([]byte(nil), b...)
+		time.AfterFunc(d, func() { l.NodeAwareTransport.WriteToAddress(buf, a) })
+		return time.Now(), nil
+	}
 	return l.NodeAwareTransport.WriteToAddress(b, a)
+}
+
+// storeMax raises m to v if v is larger.
+func storeMax(m *atomic.Uint64, v uint64) {
+	for {
+		old := m.Load()
+		if v <= old || m.CompareAndSwap(old, v) {
+			return
+		}
+	}
 }
 
 // DialTimeout opens a counted stream.
@@ -90,7 +122,7 @@ func (l *Lossy) DialAddressTimeout(a memberlist.Address, timeout time.Duration) 
 	if err != nil {
 		return nil, err
 	}
-	return &countingConn{Conn: c, n: &l.bytesSent}, nil
+	return &countingConn{Conn: c, n: &l.bytesSent, max: &l.maxStream}, nil
 }
 
 // StreamCh delivers inbound streams, counted.
@@ -103,7 +135,7 @@ func (l *Lossy) routineStreams() {
 		select {
 		case c := <-l.NodeAwareTransport.StreamCh():
 			select {
-			case l.streams <- &countingConn{Conn: c, n: &l.bytesSent}:
+			case l.streams <- &countingConn{Conn: c, n: &l.bytesSent, max: &l.maxStream}:
 			case <-l.done:
 				c.Close()
 				return
@@ -145,11 +177,13 @@ func (l *Lossy) Shutdown() error {
 
 type countingConn struct {
 	net.Conn
-	n *atomic.Uint64
+	n, max *atomic.Uint64
+	sent   atomic.Uint64 // on this stream
 }
 
 func (c *countingConn) Write(b []byte) (int, error) {
 	n, err := c.Conn.Write(b)
 	c.n.Add(uint64(n))
+	storeMax(c.max, c.sent.Add(uint64(n)))
 	return n, err
 }

@@ -108,3 +108,46 @@ func TestLossy(t *testing.T) {
 		t.Errorf("b sent %d bytes on its accepted stream, want 5", got)
 	}
 }
+
+// TestLossyDelayAndMaxima: a delayed packet still arrives, intact even
+// though the sender reuses its buffer, and the largest packet and stream
+// are recorded.
+func TestLossyDelayAndMaxima(t *testing.T) {
+	n := NewNetwork()
+	a, _ := n.NewTransport("10.0.0.1:6783")
+	b, _ := n.NewTransport("10.0.0.2:6783")
+	l := NewLossy(a, 0, 1)
+	defer l.Shutdown()
+	defer b.Shutdown()
+	l.SetDelay(10 * time.Millisecond)
+	buf := []byte("hello")
+	l.WriteTo(buf, "10.0.0.2:6783")
+	copy(buf, "XXXXX")
+	l.WriteTo([]byte("hi"), "10.0.0.2:6783")
+	select {
+	case p := <-b.PacketCh():
+		if string(p.Buf) != "hello" && string(p.Buf) != "hi" {
+			t.Errorf("delayed packet %q", p.Buf)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("delayed packet not delivered")
+	}
+	if got := l.MaxPacket(); got != 5 {
+		t.Errorf("MaxPacket %d, want 5", got)
+	}
+	go func() {
+		c := <-b.StreamCh()
+		io.Copy(io.Discard, c)
+		c.Close()
+	}()
+	c, err := l.DialTimeout("10.0.0.2:6783", time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Write(make([]byte, 300))
+	c.Write(make([]byte, 200))
+	c.Close()
+	if got := l.MaxStream(); got != 500 {
+		t.Errorf("MaxStream %d, want 500 (both writes of one stream)", got)
+	}
+}

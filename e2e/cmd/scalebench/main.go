@@ -1,0 +1,251 @@
+// Command scalebench measures N whole weft control planes in one process
+// (internal/scale: the real mesh, the real ipalloc Service on its own bbolt
+// file, the ring gossip adapter, on meshtest's in-memory network): the time
+// to the first claim by consensus=N, for the ring to be one on every node,
+// for a late node's first address and for its donation to reach every
+// node; gossip bytes per node per second idle and while converging; the
+// largest ipam message and push-pull state, the largest memberlist packet
+// and stream; heap and CPU per node. It prints a Markdown table for
+// docs/benchmarks.md. Time is real, not virtual: on a loaded machine read
+// the figures with the load it prints.
+//
+//	go run ./e2e/cmd/scalebench -n 10,100,300
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/weft-net/weft/internal/scale"
+	"github.com/weft-net/weft/ipalloc"
+	"github.com/weft-net/weft/mesh"
+)
+
+func main() {
+	var (
+		ns       = flag.String("n", "10,100,300", "cluster sizes")
+		loss     = flag.Float64("loss", 0, "packet loss probability")
+		delay    = flag.Duration("delay", time.Millisecond, "one-way packet latency")
+		pushPull = flag.Duration("pushpull", 0, "memberlist push-pull interval (0: production, 30 s)")
+		idle     = flag.Duration("idle", 20*time.Second, "window to measure idle bandwidth and CPU")
+		bound    = flag.Duration("timeout", 3*time.Minute, "bound of each phase")
+		initMode = flag.String("init", "consensus", "first claim: consensus (consensus=N on every node) or seed (seed= the first three nodes, on every node)")
+		verbose  = flag.Bool("v", false, "log the nodes at warn")
+	)
+	flag.Parse()
+	level := slog.LevelError + 1
+	if *verbose {
+		level = slog.LevelWarn
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	tm := mesh.Timings{PushPullInterval: *pushPull}
+	shown := *pushPull
+	if shown == 0 {
+		shown = mesh.DefaultTimings().PushPullInterval
+	}
+	if *initMode != "consensus" && *initMode != "seed" {
+		fmt.Fprintf(os.Stderr, "scalebench: -init %q: give consensus or seed\n", *initMode)
+		os.Exit(2)
+	}
+	fmt.Printf("%s, %d CPUs, load %s, init %s, loss %g%%, delay %s, push-pull %s (memberlist scales it up above 32 peers)\n\n",
+		time.Now().UTC().Format(time.RFC3339), runtime.NumCPU(), load(), *initMode, *loss*100, *delay, shown)
+	fmt.Println("| N | first claim, all | one ring, all | late node's first address | its donation seen by all | idle B/node/s | converging B/node/s | largest ipam msg sent / state | largest packet / stream | heap/node | CPU/node idle | ring broadcasts too large | load |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+	for _, f := range strings.Split(*ns, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 2 {
+			fmt.Fprintf(os.Stderr, "scalebench: bad size %q\n", f)
+			os.Exit(2)
+		}
+		row, err := bench(n, *initMode, scale.Config{Loss: *loss, Delay: *delay, Timings: tm, Log: log, Seed: uint64(n)}, *idle, *bound)
+		if err != nil {
+			// A phase that did not end is a result too: its row says
+			// where the nodes were.
+			fmt.Fprintln(os.Stderr, "scalebench:", err)
+			row = fmt.Sprintf("| %d | %s | | | | | | | | | | | %s |", n, err, load())
+		}
+		fmt.Println(row)
+	}
+}
+
+func bench(n int, initMode string, cfg scale.Config, idle, bound time.Duration) (string, error) {
+	dir, err := os.MkdirTemp("", "scalebench-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(dir)
+	cfg.Dir = dir
+	c, err := scale.New(cfg)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	runtime.GC()
+	var ms0 runtime.MemStats
+	runtime.ReadMemStats(&ms0)
+
+	ctx := context.Background()
+	phase := func(what string, cond func() bool) (time.Duration, error) {
+		began := time.Now()
+		pctx, cancel := context.WithTimeout(ctx, bound)
+		defer cancel()
+		if err := scale.WaitFor(pctx, 20*time.Millisecond, cond); err != nil {
+			return 0, fmt.Errorf("N=%d: %s: not within %s; %s", n, what, bound, diagnose(c.Nodes()))
+		}
+		return time.Since(began), nil
+	}
+	init := ipalloc.Init{Consensus: n}
+	if initMode == "seed" {
+		init = ipalloc.Init{Seeds: []ipalloc.PeerName{"node0000", "node0001", "node0002"}}
+	}
+	began := time.Now()
+	for i := range n {
+		var peers []string
+		if i > 0 {
+			peers = []string{scale.Addr(0)}
+		}
+		if _, err := c.Add(ctx, init, peers); err != nil {
+			return "", err
+		}
+	}
+	nodes := c.Nodes()
+	fmt.Fprintf(os.Stderr, "scalebench: N=%d: %d nodes started in %s\n", n, n, time.Since(began).Round(time.Millisecond))
+	if _, err := phase("first claim", func() bool { return scale.Claimed(nodes) }); err != nil {
+		return "", err
+	}
+	claim := time.Since(began)
+	if _, err := phase("one ring", func() bool { one, _ := scale.OneRing(nodes); return one }); err != nil {
+		return "", err
+	}
+	ring := time.Since(began)
+	if _, err := phase("mesh", func() bool { return scale.SeeAll(nodes, n) }); err != nil {
+		return "", err
+	}
+
+	// Idle: bytes and CPU over the window, then the heap.
+	b0, t0, cpu0 := c.BytesSent(), time.Now(), cpuTime()
+	time.Sleep(idle) // measuring a rate over a fixed window, not waiting for an event
+	secs := time.Since(t0).Seconds()
+	idleBps := float64(c.BytesSent()-b0) / secs / float64(n)
+	idleCPU := (cpuTime() - cpu0).Seconds() / secs / float64(n)
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	heap := (int64(ms.HeapAlloc) - int64(ms0.HeapAlloc)) / int64(n)
+
+	// A late node, its first address, its donation everywhere.
+	b0, t0 = c.BytesSent(), time.Now()
+	late, err := c.Add(ctx, init, []string{scale.Addr(n / 2)})
+	if err != nil {
+		return "", err
+	}
+	// Retried as kubelet retries a failed CNI ADD: the core gives up on
+	// one allocation after its own deadline (300 ticks).
+	actx, cancel := context.WithTimeout(ctx, bound)
+	for {
+		_, _, err = late.Svc.Allocate(actx, ipalloc.Key{ContainerID: "late", IfName: "eth0"}, ipalloc.Meta{PodName: "p"})
+		if err == nil || actx.Err() != nil {
+			break
+		}
+	}
+	cancel()
+	addr, reach := "no address in "+bound.String(), "-"
+	if err == nil {
+		addr = ms3(time.Since(t0))
+		t1 := time.Now()
+		all := c.Nodes()
+		if d, err := phase("donation", func() bool { return scale.Owns(all, late.Name) }); err == nil {
+			reach = ms3(d)
+		} else {
+			reach = "not in " + bound.String()
+		}
+		_ = t1
+	} else {
+		fmt.Fprintf(os.Stderr, "scalebench: N=%d: the late node's allocation: %v\n", n, err)
+	}
+	busyBps := float64(c.BytesSent()-b0) / time.Since(t0).Seconds() / float64(n+1)
+
+	var maxSent, maxState, maxPkt, maxStream, tooLarge uint64
+	for _, nd := range c.Nodes() {
+		maxSent = max(maxSent, nd.MaxSent())
+		maxState = max(maxState, nd.MaxState())
+		maxPkt = max(maxPkt, nd.Lossy.MaxPacket())
+		maxStream = max(maxStream, nd.Lossy.MaxStream())
+		tooLarge += nd.TooLarge()
+	}
+	return fmt.Sprintf("| %d | %s | %s | %s | %s | %.0f | %.0f | %d B / %d B | %d B / %d B | %d KiB | %.2f%% | %d | %s |",
+		n, ms3(claim), ms3(ring), addr, reach, idleBps, busyBps, maxSent, maxState, maxPkt, maxStream,
+		heap/1024, idleCPU*100, tooLarge, load()), nil
+}
+
+// diagnose summarises where the nodes are, for a phase that did not end.
+func diagnose(nodes []*scale.Node) string {
+	claimed, minKnown, maxKnown, minAlive := 0, 1<<30, 0, 1<<30
+	var tooLarge, sendErrs uint64
+	conflict, last := "", ""
+	for _, nd := range nodes {
+		st := nd.Svc.Status()
+		if st.Claimed {
+			claimed++
+		}
+		minKnown, maxKnown = min(minKnown, st.Known), max(maxKnown, st.Known)
+		if st.Conflict != "" {
+			conflict = st.Conflict
+		}
+		alive := 0
+		for _, p := range nd.Mesh.Peers() {
+			if p.State == mesh.StateAlive {
+				alive++
+			}
+		}
+		minAlive = min(minAlive, alive)
+		tooLarge += nd.TooLarge()
+		sendErrs += nd.SendErrors()
+		if e := nd.LastSendError(); e != "" {
+			last = e
+		}
+	}
+	var kinds [32]uint64
+	for _, nd := range nodes {
+		for i, v := range nd.Received() {
+			kinds[i] += v
+		}
+	}
+	var recv []string
+	for i, v := range kinds {
+		if v > 0 && i < len(scale.KindNames) {
+			recv = append(recv, fmt.Sprintf("%s %d", scale.KindNames[i], v))
+		}
+	}
+	refused, dropped := scale.Refused(nodes)
+	return fmt.Sprintf("received %s; %d of %d claimed, known %d..%d, fewest alive seen %d, broadcasts too large %d, other send errors %d (last %q), refused %d, inbox drops %d, conflict %q",
+		strings.Join(recv, ", "), claimed, len(nodes), minKnown, maxKnown, minAlive, tooLarge, sendErrs, last, refused, dropped, conflict)
+}
+
+func ms3(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) + " ms" }
+
+// cpuTime is the process's user and system CPU time so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// load is the machine's 1-minute load average.
+func load() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	return strings.Fields(string(b))[0]
+}

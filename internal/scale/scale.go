@@ -1,0 +1,411 @@
+// Package scale runs many weft control planes in one process, for the scale
+// benchmark (cmd scalebench) and its short test: each node is the real mesh
+// (hashicorp/memberlist with weft's channels and topology view), the real
+// ipalloc Service with its own bbolt state file (state.Open in a temporary
+// directory, fsync and all), and the ring gossip adapter (ipalloc.Gossip) on
+// the mesh's "ipam" channel, wired as the router wires them (router/ipam.go,
+// router/mesh.go, router/build.go): the Service is loaded before the mesh is
+// made, the mesh starts first, then the Service's owner loop sending through
+// the channel, then the routine that tells the Service of every peer the
+// mesh sees join. The transport is meshtest's in-memory network, wrapped to
+// lose and delay packets and to count bytes (meshtest.Lossy).
+//
+// What a router has beside, and a node here has not: the tunnel, the
+// bridge, the local API and status servers, the Kubernetes watch, and the
+// tunnel's record in the mesh metadata (about 60 bytes a peer). The router's
+// two adapters (ipamGossiper, meshTransport) are unexported, so this package
+// has its own copies of them, one line per method.
+package scale
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/weft-net/weft/ipalloc"
+	"github.com/weft-net/weft/mesh"
+	"github.com/weft-net/weft/mesh/meshtest"
+	"github.com/weft-net/weft/state"
+)
+
+// IPAMChannel is the router's channel of the allocators (router.IPAMChannel).
+const IPAMChannel = "ipam"
+
+// Config configures a Cluster.
+type Config struct {
+	// Dir holds one state directory per node; it must exist.
+	Dir string
+	// Universe is the pod range (--ipalloc-range); zero: 10.32.0.0/12.
+	Universe netip.Prefix
+	// Loss is the probability that a packet (UDP gossip, probe) is lost;
+	// Delay is each kept packet's one-way latency. Streams (push-pull,
+	// joins) are neither lost nor delayed.
+	Loss  float64
+	Delay time.Duration
+	// Timings are the mesh's; zero fields take mesh.DefaultTimings.
+	Timings mesh.Timings
+	// Seed seeds the packet loss of every node.
+	Seed uint64
+	// Log is every node's logger (with the node's name); nil discards.
+	Log *slog.Logger
+}
+
+// Cluster is a set of nodes on one in-memory network.
+type Cluster struct {
+	cfg Config
+	net *meshtest.Network
+
+	mu    sync.Mutex
+	nodes []*Node
+}
+
+// New returns an empty cluster.
+func New(cfg Config) (*Cluster, error) {
+	if cfg.Dir == "" {
+		return nil, errors.New("scale: Config.Dir is empty")
+	}
+	if !cfg.Universe.IsValid() {
+		cfg.Universe = netip.MustParsePrefix("10.32.0.0/12")
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	return &Cluster{cfg: cfg, net: meshtest.NewNetwork()}, nil
+}
+
+// Node is one control plane.
+type Node struct {
+	Name  mesh.PeerName
+	Mesh  *mesh.Mesh
+	Svc   *ipalloc.Service
+	Lossy *meshtest.Lossy
+
+	db     *state.DB
+	gossip *ipalloc.Gossip
+	ch     *mesh.Channel
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	// The ipam channel's largest message received (broadcast or unicast)
+	// and largest full state offered, in bytes.
+	maxMsg, maxState atomic.Uint64
+	received         atomic.Uint64 // ipam messages received
+	// The largest message the allocator sent, and the sends the channel
+	// refused (too large for a broadcast, no such peer).
+	byKind                      [32]atomic.Uint64 // ipam messages received, by their kind byte
+	maxSent, sendErrs, tooLarge atomic.Uint64
+	lastErr                     atomic.Value // string
+}
+
+// TooLarge counts the ipam broadcasts the mesh refused as larger than
+// mesh.MaxBroadcastSize (the whole ring, past about 13 owners).
+func (n *Node) TooLarge() uint64 { return n.tooLarge.Load() }
+
+// LastSendError is the text of the last send the mesh refused, or "".
+func (n *Node) LastSendError() string {
+	s, _ := n.lastErr.Load().(string)
+	return s
+}
+
+// MaxSent is the largest ipam message this node's allocator sent, in bytes.
+func (n *Node) MaxSent() uint64 { return n.maxSent.Load() }
+
+// SendErrors counts the ipam sends the mesh refused, but for TooLarge.
+func (n *Node) SendErrors() uint64 { return n.sendErrs.Load() }
+
+// MaxMessage is the largest ipam message this node received, in bytes.
+func (n *Node) MaxMessage() uint64 { return n.maxMsg.Load() }
+
+// MaxState is the largest ipam push-pull state this node offered, in bytes.
+func (n *Node) MaxState() uint64 { return n.maxState.Load() }
+
+// Nodes returns the nodes so far, in the order they were added.
+func (c *Cluster) Nodes() []*Node {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]*Node(nil), c.nodes...)
+}
+
+// Addr is node i's gossip address on the in-memory network.
+func Addr(i int) string { return fmt.Sprintf("10.%d.%d.%d:6783", 100+(i>>16&63), i>>8&255, i&255) }
+
+// Add starts the next node with the first-claim mode init, joining the
+// addresses in peers (its --peers).
+func (c *Cluster) Add(ctx context.Context, init ipalloc.Init, peers []string) (_ *Node, err error) {
+	c.mu.Lock()
+	i := len(c.nodes)
+	c.mu.Unlock()
+	name := mesh.PeerName(fmt.Sprintf("node%04d", i))
+	log := c.cfg.Log.With("peer", name)
+	n := &Node{Name: name}
+	defer func() {
+		if err != nil {
+			n.close()
+		}
+	}()
+	dir := filepath.Join(c.cfg.Dir, string(name))
+	if n.db, err = state.Open(dir); err != nil {
+		return nil, err
+	}
+	// openIPAM
+	if n.Svc, err = ipalloc.NewService(ipalloc.ServiceConfig{
+		Self: ipalloc.PeerName(name), Universe: c.cfg.Universe, Init: init, DB: n.db, Log: log,
+		GCGrace: ipalloc.DefaultGCGrace,
+	}); err != nil {
+		return nil, err
+	}
+	n.gossip = ipalloc.NewGossip(n.Svc, log, nil)
+	// newMesh
+	inner, err := c.net.NewTransport(Addr(i))
+	if err != nil {
+		return nil, err
+	}
+	n.Lossy = meshtest.NewLossy(inner, c.cfg.Loss, c.cfg.Seed+uint64(i))
+	n.Lossy.SetDelay(c.cfg.Delay)
+	if n.Mesh, err = mesh.New(mesh.Config{
+		Name: name, Nickname: string(name), Version: "scale", Peers: peers,
+		Logger: log, Transport: n.Lossy, Timings: c.cfg.Timings,
+	}); err != nil {
+		n.Lossy.Shutdown()
+		return nil, err
+	}
+	if n.ch, err = n.Mesh.Channel(IPAMChannel, gossiper{n}); err != nil {
+		return nil, err
+	}
+	// Run: the mesh, the allocator, the mesh members.
+	if err := n.Mesh.Start(ctx); err != nil {
+		return nil, err
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	n.cancel = cancel
+	n.wg.Add(2)
+	go func() { defer n.wg.Done(); n.Svc.Run(runCtx, transport{n}) }()
+	go func() { defer n.wg.Done(); n.routineMembers(runCtx) }()
+	c.mu.Lock()
+	c.nodes = append(c.nodes, n)
+	c.mu.Unlock()
+	return n, nil
+}
+
+// routineMembers is the router's: it tells the allocator about every peer
+// the mesh sees join.
+func (n *Node) routineMembers(ctx context.Context) {
+	events, cancel := n.Mesh.Subscribe(64)
+	defer cancel()
+	add := func() {
+		for _, p := range n.Mesh.Peers() {
+			if !p.Self {
+				n.Svc.AddPeer(ipalloc.PeerName(p.Name))
+			}
+		}
+	}
+	add()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev, ok := <-events:
+			if !ok {
+				return
+			}
+			if ev.Kind == mesh.EventJoined || ev.Kind == mesh.EventRejoined || ev.Dropped > 0 {
+				add()
+			}
+		}
+	}
+}
+
+func (n *Node) close() {
+	if n.cancel != nil {
+		n.cancel()
+		n.wg.Wait()
+	}
+	if n.Mesh != nil {
+		n.Mesh.Close()
+	}
+	if n.db != nil {
+		n.db.Close()
+	}
+}
+
+// Close stops every node (in parallel) and removes their state files.
+func (c *Cluster) Close() {
+	var wg sync.WaitGroup
+	for _, n := range c.Nodes() {
+		wg.Add(1)
+		go func() { defer wg.Done(); n.close() }()
+	}
+	wg.Wait()
+	for _, n := range c.Nodes() {
+		os.RemoveAll(filepath.Join(c.cfg.Dir, string(n.Name)))
+	}
+}
+
+// BytesSent is every byte the nodes sent so far, packets and streams.
+func (c *Cluster) BytesSent() uint64 {
+	var b uint64
+	for _, n := range c.Nodes() {
+		b += n.Lossy.BytesSent()
+	}
+	return b
+}
+
+// gossiper is the router's ipamGossiper: the adapter on the mesh channel,
+// here also measuring what passes.
+type gossiper struct{ n *Node }
+
+func (g gossiper) OnBroadcast(from mesh.PeerName, data []byte) ([]byte, error) {
+	g.n.note(data)
+	return nil, g.n.gossip.OnBroadcast(ipalloc.PeerName(from), data)
+}
+
+func (g gossiper) OnUnicast(from mesh.PeerName, data []byte) error {
+	g.n.note(data)
+	return g.n.gossip.OnUnicast(ipalloc.PeerName(from), data)
+}
+
+func (g gossiper) LocalState() []byte {
+	s := g.n.gossip.LocalState()
+	storeMax(&g.n.maxState, uint64(len(s)))
+	return s
+}
+
+func (g gossiper) MergeRemoteState(data []byte) error { return g.n.gossip.MergeRemoteState(data) }
+
+// KindNames are the ipam message kinds by their kind byte (ipalloc/codec.go).
+var KindNames = []string{1: "ring", "prepare", "promise", "accept", "accepted", "nack", "donate-request", "donation",
+	"denial", "remove", "remove-ack", "handover", "handover-ack", "withdraw", "withdraw-ack"}
+
+// Received counts the ipam messages this node received, by kind byte.
+func (n *Node) Received() [32]uint64 {
+	var out [32]uint64
+	for i := range n.byKind {
+		out[i] = n.byKind[i].Load()
+	}
+	return out
+}
+
+func (n *Node) note(data []byte) {
+	size := len(data)
+	if len(data) >= 2 {
+		n.byKind[data[1]&31].Add(1)
+	}
+	n.received.Add(1)
+	storeMax(&n.maxMsg, uint64(size))
+}
+
+// transport is the router's meshTransport, here also measuring what the
+// allocator sends and what the channel refuses.
+type transport struct{ n *Node }
+
+func (t transport) Broadcast(data []byte) error {
+	return t.n.sent(len(data), t.n.ch.Broadcast(data))
+}
+
+func (t transport) SendTo(p ipalloc.PeerName, data []byte) error {
+	return t.n.sent(len(data), t.n.ch.SendTo(mesh.PeerName(p), data))
+}
+
+func (n *Node) sent(size int, err error) error {
+	storeMax(&n.maxSent, uint64(size))
+	switch {
+	case errors.Is(err, mesh.ErrTooLarge):
+		n.tooLarge.Add(1)
+	case err != nil:
+		n.sendErrs.Add(1)
+		n.lastErr.Store(err.Error())
+	}
+	return err
+}
+
+func storeMax(m *atomic.Uint64, v uint64) {
+	for {
+		old := m.Load()
+		if v <= old || m.CompareAndSwap(old, v) {
+			return
+		}
+	}
+}
+
+// Claimed reports whether every node's allocator has a claimed ring.
+func Claimed(nodes []*Node) bool {
+	for _, n := range nodes {
+		if !n.Svc.Status().Claimed {
+			return false
+		}
+	}
+	return true
+}
+
+// OneRing reports whether every node holds the same ring, and how many
+// peers own space in it.
+func OneRing(nodes []*Node) (bool, int) {
+	if len(nodes) == 0 {
+		return true, 0
+	}
+	first := nodes[0].Svc.Ring()
+	for _, n := range nodes[1:] {
+		if !n.Svc.Ring().Equal(first) {
+			return false, 0
+		}
+	}
+	return true, len(first.Peers())
+}
+
+// Owns reports whether every node's ring gives owner some space.
+func Owns(nodes []*Node, owner mesh.PeerName) bool {
+	for _, n := range nodes {
+		if len(n.Svc.Ring().Owned(ipalloc.PeerName(owner))) == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// SeeAll reports whether every node's mesh sees want peers alive (itself
+// included).
+func SeeAll(nodes []*Node, want int) bool {
+	for _, n := range nodes {
+		alive := 0
+		for _, p := range n.Mesh.Peers() {
+			if p.State == mesh.StateAlive {
+				alive++
+			}
+		}
+		if alive < want {
+			return false
+		}
+	}
+	return true
+}
+
+// Refused sums what the nodes refused or dropped: gossip frames of an
+// unknown version, messages the allocators' inboxes dropped.
+func Refused(nodes []*Node) (refused, dropped uint64) {
+	for _, n := range nodes {
+		refused += n.gossip.Refused()
+		dropped += n.Svc.Dropped()
+	}
+	return refused, dropped
+}
+
+// WaitFor polls cond every interval until it holds or ctx ends.
+func WaitFor(ctx context.Context, interval time.Duration, cond func() bool) error {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	return nil
+}
