@@ -1,0 +1,117 @@
+package conformance
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Spec is one spec (ginkgo It) of the suite's JSON report, as far as the
+// counts need it.
+type Spec struct {
+	Name    string
+	State   string // passed, skipped, failed, panicked, timedout, interrupted, aborted, pending
+	Message string // the failure or the reason of a skip
+	RunTime time.Duration
+	Ran     bool // started: a spec the focus left out never starts
+}
+
+// Results are the counts of one run of the suite.
+type Results struct {
+	Passed, Failed []Spec
+	// Skipped are specs the focus chose that skipped themselves at run time
+	// (a provider, a feature or a node count the cluster does not have).
+	Skipped []Spec
+	// NotSelected is how many specs the focus and skip left out.
+	NotSelected int
+}
+
+// ginkgoReport is the part of ginkgo's JSON report (--ginkgo.json-report,
+// a list of types.Report) that Summarize reads.
+type ginkgoReport struct {
+	SuiteDescription string
+	SpecReports      []struct {
+		ContainerHierarchyTexts []string
+		LeafNodeType            string
+		LeafNodeText            string
+		State                   string
+		StartTime               time.Time
+		RunTime                 time.Duration
+		Failure                 struct {
+			Message string
+		}
+	}
+}
+
+// Summarize reads ginkgo's JSON report into Results. Only It specs count
+// (suite set-up and report nodes do not).
+func Summarize(data []byte) (Results, error) {
+	var reports []ginkgoReport
+	if err := json.Unmarshal(data, &reports); err != nil {
+		return Results{}, fmt.Errorf("conformance: reading the suite's JSON report: %w", err)
+	}
+	if len(reports) == 0 {
+		return Results{}, fmt.Errorf("conformance: the suite's JSON report holds no suite")
+	}
+	var r Results
+	for _, rep := range reports {
+		for _, s := range rep.SpecReports {
+			if s.LeafNodeType != "It" {
+				continue
+			}
+			spec := Spec{
+				Name:    strings.TrimSpace(strings.Join(append(append([]string{}, s.ContainerHierarchyTexts...), s.LeafNodeText), " ")),
+				State:   s.State,
+				Message: s.Failure.Message,
+				RunTime: s.RunTime,
+				Ran:     !s.StartTime.IsZero(),
+			}
+			switch s.State {
+			case "passed":
+				r.Passed = append(r.Passed, spec)
+			case "skipped", "pending":
+				if spec.Ran {
+					r.Skipped = append(r.Skipped, spec)
+				} else {
+					r.NotSelected++
+				}
+			default:
+				r.Failed = append(r.Failed, spec)
+			}
+		}
+	}
+	for _, l := range [][]Spec{r.Passed, r.Failed, r.Skipped} {
+		sort.Slice(l, func(i, j int) bool { return l[i].Name < l[j].Name })
+	}
+	return r, nil
+}
+
+// Table is the results as an operator reads them: the counts, then every
+// failed and skipped spec with its reason, then the passed ones.
+func (r Results) Table() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d passed, %d failed, %d skipped at run time (%d specs not selected by the focus)\n",
+		len(r.Passed), len(r.Failed), len(r.Skipped), r.NotSelected)
+	line := func(tag string, s Spec, why bool) {
+		fmt.Fprintf(&b, "  %-7s %6s  %s\n", tag, s.RunTime.Round(time.Second), s.Name)
+		if why && s.Message != "" {
+			msg := strings.Join(strings.Fields(s.Message), " ")
+			if len(msg) > 300 {
+				msg = msg[:300] + "…"
+			}
+			fmt.Fprintf(&b, "          %s\n", msg)
+		}
+	}
+	for _, s := range r.Failed {
+		line("FAIL", s, true)
+	}
+	for _, s := range r.Skipped {
+		line("SKIP", s, true)
+	}
+	for _, s := range r.Passed {
+		line("ok", s, false)
+	}
+	return b.String()
+}
