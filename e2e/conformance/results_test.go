@@ -139,3 +139,83 @@ func TestLayerTar(t *testing.T) {
 		}
 	}
 }
+
+// TestAgnhostImageFromThisHost builds the image with a stand-in agnhost
+// and checks that the shell, curl and nc of this machine are in it with
+// the links and the dynamic loader they need.
+func TestAgnhostImageFromThisHost(t *testing.T) {
+	for _, p := range HostTools {
+		if _, err := lookPath(p); err != nil {
+			t.Skipf("%v: make deps-conformance installs the tools the image takes from this machine", err)
+		}
+	}
+	d := t.TempDir()
+	src := filepath.Join(d, "src")
+	porter := filepath.Join(src, "test", "images", "agnhost", "porter")
+	if err := os.MkdirAll(porter, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"localhost.crt", "localhost.key"} {
+		if err := os.WriteFile(filepath.Join(porter, f), []byte(f), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bin := filepath.Join(d, "agnhost")
+	if err := os.WriteFile(bin, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(d, "img.tar")
+	tag := "registry.k8s.io/e2e-test-images/agnhost:2.66.1"
+	if err := AgnhostImage(ImageSpec{Agnhost: bin, KubeSrc: src, Tags: []string{tag}, Created: time.Unix(0, 0)}, out); err != nil {
+		t.Fatal(err)
+	}
+	files, err := agnhostFiles(ImageSpec{Agnhost: bin, KubeSrc: src})
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]entry{}
+	for _, f := range files {
+		have[f.Path] = f
+	}
+	for _, p := range []string{"agnhost", "agnhost-2", "localhost.crt", "etc/passwd", "usr/bin/curl", "uploads"} {
+		if _, ok := have[p]; !ok {
+			t.Errorf("image lacks /%s", p)
+		}
+	}
+	// /bin/sh, /usr/bin/nc and the loader must resolve inside the image.
+	for _, p := range []string{"bin/sh", "usr/bin/nc", "lib64/ld-linux-x86-64.so.2"} {
+		if _, err := os.Lstat("/" + p); err != nil {
+			continue // another layout or architecture
+		}
+		if !resolvesIn(have, p) {
+			t.Errorf("/%s does not resolve to a file in the image", p)
+		}
+	}
+}
+
+// resolvesIn follows links within the image's files.
+func resolvesIn(files map[string]entry, p string) bool {
+	for hops := 0; hops < 40; hops++ {
+		parts := strings.Split(p, "/")
+		moved := false
+		for i := 1; i <= len(parts); i++ {
+			pre := strings.Join(parts[:i], "/")
+			f, ok := files[pre]
+			if !ok || f.Mode&os.ModeSymlink == 0 {
+				continue
+			}
+			target := f.Link
+			if !filepath.IsAbs(target) {
+				target = filepath.Join(filepath.Dir("/"+pre), target)
+			}
+			p = strings.TrimPrefix(filepath.Join(append([]string{target}, parts[i:]...)...), "/")
+			moved = true
+			break
+		}
+		if !moved {
+			f, ok := files[p]
+			return ok && f.Mode.IsRegular()
+		}
+	}
+	return false
+}
