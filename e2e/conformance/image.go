@@ -34,6 +34,7 @@ var HostTools = []string{
 	"sh", "bash", "curl", "nc", "ss", "ip",
 	"cat", "echo", "ls", "sleep", "timeout", "grep", "sed", "head", "tail", "wc", "tr",
 	"date", "hostname", "env", "true", "false", "mkdir", "rm", "test", "seq", "cut", "printf",
+	"id", "touch", "cp", "mv", "ln", "chmod", "stat", "uname", "dd", "sort", "uniq", "tee", "basename", "dirname",
 }
 
 // entry is one file of the image's layer.

@@ -101,7 +101,6 @@ func TestConformance(t *testing.T) {
 		"--num-nodes=" + fmt.Sprint(len(c.Nodes)),
 		"--report-dir=" + out,
 		"--e2e-output-dir=" + out,
-		"--dump-logs-on-failure=false",
 		"--ginkgo.focus=" + *conformanceFocus,
 		"--ginkgo.skip=" + *conformanceSkip,
 		"--ginkgo.json-report=" + jsonReport,
