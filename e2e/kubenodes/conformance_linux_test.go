@@ -51,8 +51,9 @@ const DefaultFocus = `\[sig-network\] (Networking|Services|HostPort|EndpointSlic
 // DefaultSkip leaves out what this cluster cannot have or what is not the
 // pod network's: a cloud (LoadBalancer, ESIPP, the providers' SSH), DNS
 // (no DNS server is deployed), IPv6 and dual stack, SCTP (no module),
-// the Internet, and what disrupts the cluster or only runs serially.
-const DefaultSkip = `\[Feature:|\[Disruptive\]|\[Serial\]|\[Flaky\]|LoadBalancer|ESIPP|[Dd][Nn][Ss]|IPv6|[Dd]ual[- ]?[Ss]tack|SCTP|[Ii]nternet`
+// the Internet, and what disrupts the cluster, runs only serially or is
+// marked slow (minutes each).
+const DefaultSkip = `\[Feature:|\[Disruptive\]|\[Serial\]|\[Slow\]|\[Flaky\]|LoadBalancer|ESIPP|[Dd][Nn][Ss]|IPv6|[Dd]ual[- ]?[Ss]tack|SCTP|[Ii]nternet`
 
 // TestConformance is make conformance: the e2e suite (e2e.test, built from
 // the pinned k8s.io/kubernetes) with DefaultFocus against three real nodes
