@@ -15,7 +15,7 @@ type Spec struct {
 	State   string // passed, skipped, failed, panicked, timedout, interrupted, aborted, pending
 	Message string // the failure or the reason of a skip
 	RunTime time.Duration
-	Ran     bool // started: a spec the focus left out never starts
+	Ran     bool // attempted: a spec the focus left out never is
 }
 
 // Results are the counts of one run of the suite.
@@ -26,18 +26,25 @@ type Results struct {
 	Skipped []Spec
 	// NotSelected is how many specs the focus and skip left out.
 	NotSelected int
+	// NotReached is how many selected specs never ran: the suite was
+	// interrupted (its timeout) before them.
+	NotReached int
 }
 
 // ginkgoReport is the part of ginkgo's JSON report (--ginkgo.json-report,
 // a list of types.Report) that Summarize reads.
 type ginkgoReport struct {
 	SuiteDescription string
-	SpecReports      []struct {
+	PreRunStats      struct {
+		TotalSpecs       int
+		SpecsThatWillRun int
+	}
+	SpecReports []struct {
 		ContainerHierarchyTexts []string
 		LeafNodeType            string
 		LeafNodeText            string
 		State                   string
-		StartTime               time.Time
+		NumAttempts             int
 		RunTime                 time.Duration
 		Failure                 struct {
 			Message string
@@ -56,7 +63,9 @@ func Summarize(data []byte) (Results, error) {
 		return Results{}, fmt.Errorf("conformance: the suite's JSON report holds no suite")
 	}
 	var r Results
+	willRun := 0
 	for _, rep := range reports {
+		willRun += rep.PreRunStats.SpecsThatWillRun
 		for _, s := range rep.SpecReports {
 			if s.LeafNodeType != "It" {
 				continue
@@ -66,7 +75,7 @@ func Summarize(data []byte) (Results, error) {
 				State:   s.State,
 				Message: s.Failure.Message,
 				RunTime: s.RunTime,
-				Ran:     !s.StartTime.IsZero(),
+				Ran:     s.NumAttempts > 0,
 			}
 			switch s.State {
 			case "passed":
@@ -82,6 +91,11 @@ func Summarize(data []byte) (Results, error) {
 			}
 		}
 	}
+	// Specs the suite never reached look like those the focus left out.
+	if ran := len(r.Passed) + len(r.Failed) + len(r.Skipped); willRun > ran {
+		r.NotReached = willRun - ran
+		r.NotSelected -= r.NotReached
+	}
 	for _, l := range [][]Spec{r.Passed, r.Failed, r.Skipped} {
 		sort.Slice(l, func(i, j int) bool { return l[i].Name < l[j].Name })
 	}
@@ -92,8 +106,8 @@ func Summarize(data []byte) (Results, error) {
 // failed and skipped spec with its reason, then the passed ones.
 func (r Results) Table() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%d passed, %d failed, %d skipped at run time (%d specs not selected by the focus)\n",
-		len(r.Passed), len(r.Failed), len(r.Skipped), r.NotSelected)
+	fmt.Fprintf(&b, "%d passed, %d failed, %d skipped at run time, %d selected but not reached (%d specs not selected by the focus)\n",
+		len(r.Passed), len(r.Failed), len(r.Skipped), r.NotReached, r.NotSelected)
 	line := func(tag string, s Spec, why bool) {
 		fmt.Fprintf(&b, "  %-7s %6s  %s\n", tag, s.RunTime.Round(time.Second), s.Name)
 		if why && s.Message != "" {

@@ -13,12 +13,13 @@ import (
 
 // A trimmed ginkgo JSON report: a suite node, a passed, a failed, a
 // runtime-skipped and a not-selected spec.
-const report = `[{"SuiteDescription":"Kubernetes e2e suite","SpecReports":[
+const report = `[{"SuiteDescription":"Kubernetes e2e suite","PreRunStats":{"TotalSpecs":6,"SpecsThatWillRun":4},"SpecReports":[
  {"LeafNodeType":"SynchronizedBeforeSuite","State":"passed","StartTime":"2026-12-01T16:00:00Z"},
- {"ContainerHierarchyTexts":["[sig-network] Networking","Granular Checks: Pods"],"LeafNodeType":"It","LeafNodeText":"should function for intra-pod communication: http","State":"passed","StartTime":"2026-12-01T16:00:01Z","RunTime":21000000000},
- {"ContainerHierarchyTexts":["[sig-network] Services"],"LeafNodeType":"It","LeafNodeText":"should serve a basic endpoint from pods","State":"failed","StartTime":"2026-12-01T16:00:30Z","RunTime":5000000000,"Failure":{"Message":"timed out\nwaiting"}},
- {"ContainerHierarchyTexts":["[sig-network] Services"],"LeafNodeType":"It","LeafNodeText":"should work after restarting apiserver","State":"skipped","StartTime":"2026-12-01T16:01:00Z","Failure":{"Message":"Only supported for providers [gce gke] (not skeleton)"}},
- {"ContainerHierarchyTexts":["[sig-storage] CSI"],"LeafNodeType":"It","LeafNodeText":"something else","State":"skipped","StartTime":"0001-01-01T00:00:00Z"},
+ {"ContainerHierarchyTexts":["[sig-network] Networking","Granular Checks: Pods"],"LeafNodeType":"It","LeafNodeText":"should function for intra-pod communication: http","State":"passed","StartTime":"2026-12-01T16:00:01Z","NumAttempts":1,"RunTime":21000000000},
+ {"ContainerHierarchyTexts":["[sig-network] Services"],"LeafNodeType":"It","LeafNodeText":"should serve a basic endpoint from pods","State":"failed","StartTime":"2026-12-01T16:00:30Z","NumAttempts":1,"RunTime":5000000000,"Failure":{"Message":"timed out\nwaiting"}},
+ {"ContainerHierarchyTexts":["[sig-network] Services"],"LeafNodeType":"It","LeafNodeText":"should work after restarting apiserver","State":"skipped","StartTime":"2026-12-01T16:01:00Z","NumAttempts":1,"Failure":{"Message":"Only supported for providers [gce gke] (not skeleton)"}},
+ {"ContainerHierarchyTexts":["[sig-storage] CSI"],"LeafNodeType":"It","LeafNodeText":"something else","State":"skipped","StartTime":"2026-12-01T16:00:00Z","NumAttempts":0},
+ {"ContainerHierarchyTexts":["[sig-network] Services"],"LeafNodeType":"It","LeafNodeText":"never reached","State":"skipped","StartTime":"2026-12-01T16:00:00Z","NumAttempts":0},
  {"LeafNodeType":"ReportAfterSuite","State":"passed","StartTime":"2026-12-01T16:02:00Z"}
 ]}]`
 
@@ -27,14 +28,14 @@ func TestSummarize(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(r.Passed) != 1 || len(r.Failed) != 1 || len(r.Skipped) != 1 || r.NotSelected != 1 {
-		t.Fatalf("counts: %d passed, %d failed, %d skipped, %d not selected; want 1 each", len(r.Passed), len(r.Failed), len(r.Skipped), r.NotSelected)
+	if len(r.Passed) != 1 || len(r.Failed) != 1 || len(r.Skipped) != 1 || r.NotReached != 1 || r.NotSelected != 1 {
+		t.Fatalf("counts: %d passed, %d failed, %d skipped, %d not reached, %d not selected; want 1 each", len(r.Passed), len(r.Failed), len(r.Skipped), r.NotReached, r.NotSelected)
 	}
 	if want := "[sig-network] Services should serve a basic endpoint from pods"; r.Failed[0].Name != want {
 		t.Errorf("failed spec %q, want %q", r.Failed[0].Name, want)
 	}
 	table := r.Table()
-	for _, want := range []string{"1 passed, 1 failed, 1 skipped at run time (1 specs not selected", "FAIL", "timed out waiting", "not skeleton"} {
+	for _, want := range []string{"1 passed, 1 failed, 1 skipped at run time, 1 selected but not reached (1 specs not selected", "FAIL", "timed out waiting", "not skeleton"} {
 		if !strings.Contains(table, want) {
 			t.Errorf("table lacks %q:\n%s", want, table)
 		}

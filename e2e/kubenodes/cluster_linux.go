@@ -188,7 +188,10 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 		Run: c.Run, NetNS: c.Net.Underlay, Address: e2e.UnderlayGateway,
 		// The kubernetes Service gets the server's address as its endpoint,
 		// so that its ClusterIP works through kube-proxy as in a cluster.
-		ExtraArgs: []string{"--endpoint-reconciler-type=lease"},
+		// The kubelets by their InternalIP (the node address): the nodes'
+		// names resolve nowhere, and exec, logs and the node proxy dial
+		// the kubelet (make conformance's specs use all three).
+		ExtraArgs: []string{"--endpoint-reconciler-type=lease", "--kubelet-preferred-address-types=InternalIP,Hostname"},
 	})
 	if err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -239,6 +241,20 @@ func clusterWithWeft(t *testing.T, ctx context.Context, run *e2e.Run, images []s
 				}
 			}
 			return len(state) == 0, strings.Join(state, "; ")
+		})
+	})
+	// The control plane reaches pods as from a node: in a cluster the API
+	// server runs on a node with weft (the proxy subresource, webhooks and
+	// the suite's Proxy specs dial pod addresses from it); here it runs in
+	// the underlay, so the underlay routes the pod range through n0.
+	step(t, c, "underlay: pod range via "+c.Nodes[0].Name, func() error {
+		_, dst, err := net.ParseCIDR(PodRange)
+		if err != nil {
+			return err
+		}
+		gw := net.IP(c.Nodes[0].UnderlayIP.AsSlice())
+		return c.Net.Underlay.WithHandle(func(h *netlink.Handle) error {
+			return h.RouteReplace(&netlink.Route{Dst: dst, Gw: gw})
 		})
 	})
 	return c
