@@ -9,7 +9,6 @@
 package tools
 
 import (
-	_ "k8s.io/kubernetes/test/e2e"
 	_ "github.com/onsi/ginkgo/v2"
 	_ "github.com/spf13/cobra"
 	_ "go.yaml.in/yaml/v2"
@@ -17,6 +16,7 @@ import (
 	_ "k8s.io/component-base/version"
 	_ "k8s.io/klog/v2"
 	_ "k8s.io/kubernetes/test/conformance/testdata"
+	_ "k8s.io/kubernetes/test/e2e"
 	_ "k8s.io/kubernetes/test/e2e/apimachinery"
 	_ "k8s.io/kubernetes/test/e2e/apps"
 	_ "k8s.io/kubernetes/test/e2e/architecture"
