@@ -166,12 +166,14 @@ e2e-kube: deps-kube build image kube-tools
 # tens of minutes; conformance-tools does it alone); agnhost's image is put
 # together from that build and this machine's sh, curl, nc, ss and ip, under
 # the names e2e.test pulls, and imported into every node (no registry).
+# CONFORMANCE_PROCS ginkgo processes run specs at once (1: serially).
 # CONFORMANCE_FOCUS / CONFORMANCE_SKIP replace the ginkgo focus and skip of
 # docs/kubernetes.md; the log, JSON report and summary go to bin/conformance.
 CONFORMANCE_APT_PKGS := curl netcat-openbsd iproute2 bash coreutils
 CONFORMANCE_FOCUS ?=
 CONFORMANCE_SKIP  ?=
 CONFORMANCE_TIMEOUT ?= 80m
+CONFORMANCE_PROCS ?= 3
 deps-conformance: deps-kube
 	@missing=""; for p in $(CONFORMANCE_APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
@@ -184,7 +186,7 @@ conformance-tools:
 
 conformance: deps-conformance build image kube-tools conformance-tools
 	$(GO) test -count=1 -v -timeout 120m -run '^TestConformance$$' ./e2e/kubenodes/ -conformance \
-		-conformance.timeout=$(CONFORMANCE_TIMEOUT) \
+		-conformance.timeout=$(CONFORMANCE_TIMEOUT) -conformance.procs=$(CONFORMANCE_PROCS) \
 		$(if $(CONFORMANCE_FOCUS),-conformance.focus='$(CONFORMANCE_FOCUS)') \
 		$(if $(CONFORMANCE_SKIP),-conformance.skip='$(CONFORMANCE_SKIP)')
 

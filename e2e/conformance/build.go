@@ -21,7 +21,7 @@ import (
 
 // recipe changes whenever the way the tools are built changes, so that a new
 // recipe never reuses an old cache entry.
-const recipe = "conformance-build-1"
+const recipe = "conformance-build-2"
 
 // completeFile marks a finished cache entry, written last before the rename.
 const completeFile = "COMPLETE"
@@ -31,13 +31,14 @@ type Tools struct {
 	Dir     string // the cache entry
 	E2ETest string // e2e.test: go test -c k8s.io/kubernetes/test/e2e
 	Agnhost string // agnhost: k8s.io/kubernetes/test/images/agnhost, static
+	Ginkgo  string // the ginkgo CLI of the suite's ginkgo, for parallel runs
 	// KubeSrc is the k8s.io/kubernetes module's source directory (agnhost's
 	// porter certificates come from there).
 	KubeSrc string
 }
 
 func toolsIn(dir, src string) Tools {
-	return Tools{Dir: dir, E2ETest: filepath.Join(dir, "e2e.test"), Agnhost: filepath.Join(dir, "agnhost"), KubeSrc: src}
+	return Tools{Dir: dir, E2ETest: filepath.Join(dir, "e2e.test"), Agnhost: filepath.Join(dir, "agnhost"), Ginkgo: filepath.Join(dir, "ginkgo"), KubeSrc: src}
 }
 
 // build is one binary of the cache entry.
@@ -49,6 +50,9 @@ type build struct {
 var builds = []build{
 	{name: "agnhost", note: "a minute or two", args: func(out string) []string {
 		return []string{"build", "-trimpath", "-ldflags", ldflags(), "-o", out, "k8s.io/kubernetes/test/images/agnhost"}
+	}},
+	{name: "ginkgo", note: "seconds", args: func(out string) []string {
+		return []string{"build", "-trimpath", "-ldflags", "-s -w", "-o", out, "github.com/onsi/ginkgo/v2/ginkgo"}
 	}},
 	{name: "e2e.test", note: "first time, 15 to 40 minutes on two busy cores", args: func(out string) []string {
 		return []string{"test", "-c", "-vet=off", "-trimpath", "-ldflags", ldflags(), "-o", out, "k8s.io/kubernetes/test/e2e"}

@@ -37,6 +37,7 @@ var (
 	conformanceFocus = flag.String("conformance.focus", DefaultFocus, "the e2e suite's --ginkgo.focus")
 	conformanceSkip  = flag.String("conformance.skip", DefaultSkip, "the e2e suite's --ginkgo.skip")
 	conformanceTime  = flag.Duration("conformance.timeout", 80*time.Minute, "how long the e2e suite may run")
+	conformanceProcs = flag.Int("conformance.procs", 3, "ginkgo processes running specs at once (1: e2e.test alone, serially)")
 	conformanceOut   = flag.String("conformance.out", "", "directory for the suite's log, JSON report and summary (default <bin>/conformance)")
 
 	kubeRunCmd = flag.String("kubenodes.cmd", os.Getenv("WEFT_KUBENODES_CMD"),
@@ -95,7 +96,7 @@ func TestConformance(t *testing.T) {
 	}
 	jsonReport := filepath.Join(out, "report.json")
 	_ = os.Remove(jsonReport) // never read an older run's
-	argv := []string{tools.E2ETest,
+	suiteArgs := []string{
 		"--kubeconfig=" + c.API.Admin.Kubeconfig,
 		"--kubectl-path=" + c.API.Bins.Kubectl,
 		// skeleton: no cloud; the specs that need one (or SSH to the
@@ -104,16 +105,33 @@ func TestConformance(t *testing.T) {
 		"--num-nodes=" + fmt.Sprint(len(c.Nodes)),
 		"--report-dir=" + out,
 		"--e2e-output-dir=" + out,
-		"--ginkgo.focus=" + *conformanceFocus,
-		"--ginkgo.skip=" + *conformanceSkip,
-		"--ginkgo.json-report=" + jsonReport,
-		"--ginkgo.timeout=" + conformanceTime.String(),
-		"--ginkgo.no-color",
-		"--ginkgo.v",
+	}
+	ginkgoArgs := []string{
+		"focus=" + *conformanceFocus,
+		"skip=" + *conformanceSkip,
+		"json-report=" + jsonReport,
+		"timeout=" + conformanceTime.String(),
+		"no-color",
+		"v",
+	}
+	var argv []string
+	if *conformanceProcs > 1 {
+		// The ginkgo CLI runs the suite in procs processes and merges
+		// their reports (the way upstream runs it in parallel).
+		argv = []string{tools.Ginkgo, fmt.Sprintf("--procs=%d", *conformanceProcs)}
+		for _, a := range ginkgoArgs {
+			argv = append(argv, "--"+a)
+		}
+		argv = append(append(append(argv, tools.E2ETest), "--"), suiteArgs...)
+	} else {
+		argv = append([]string{tools.E2ETest}, suiteArgs...)
+		for _, a := range ginkgoArgs {
+			argv = append(argv, "--ginkgo."+a)
+		}
 	}
 	logPath := filepath.Join(out, "e2e.log")
 	_ = os.Remove(logPath)
-	t.Logf("e2e suite: focus %q skip %q; log %s", *conformanceFocus, *conformanceSkip, logPath)
+	t.Logf("e2e suite: focus %q skip %q, %d processes; log %s", *conformanceFocus, *conformanceSkip, *conformanceProcs, logPath)
 	var runErr error
 	step(t, c, "e2e suite (e2e.test)", func() error {
 		runErr = runInUnderlay(ctx, run, c, "e2e.test", logPath, *conformanceTime+5*time.Minute, argv)
