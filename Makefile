@@ -169,7 +169,7 @@ e2e-kube: deps-kube build image kube-tools
 # CONFORMANCE_PROCS ginkgo processes run specs at once (1: serially).
 # CONFORMANCE_FOCUS / CONFORMANCE_SKIP replace the ginkgo focus and skip of
 # docs/kubernetes.md; the log, JSON report and summary go to bin/conformance.
-CONFORMANCE_APT_PKGS := curl netcat-openbsd iproute2 bash coreutils
+CONFORMANCE_APT_PKGS := curl wget netcat-openbsd iproute2 bash coreutils
 CONFORMANCE_FOCUS ?=
 CONFORMANCE_SKIP  ?=
 CONFORMANCE_TIMEOUT ?= 80m

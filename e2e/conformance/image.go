@@ -27,11 +27,12 @@ import (
 // HostTools are the programs agnhost's upstream image (alpine) has that the
 // sig-network tests run in its containers through `kubectl exec`: a shell,
 // curl and nc above all (the dial helpers of test/e2e/framework/network),
-// ss and ip (NodePort checks), and the few utilities their shell lines use.
+// wget (the Services specs' reachability loops), ss and ip (NodePort checks),
+// and the few utilities their shell lines use.
 // The image takes them from this machine (Debian), with the shared libraries
 // ldd lists for each: make conformance installs the packages (deps-conformance).
 var HostTools = []string{
-	"sh", "bash", "curl", "nc", "ss", "ip",
+	"sh", "bash", "curl", "wget", "nc", "ss", "ip",
 	"cat", "echo", "ls", "sleep", "timeout", "grep", "sed", "head", "tail", "wc", "tr",
 	"date", "hostname", "env", "true", "false", "mkdir", "rm", "test", "seq", "cut", "printf",
 	"id", "touch", "cp", "mv", "ln", "chmod", "stat", "uname", "dd", "sort", "uniq", "tee", "basename", "dirname",
@@ -189,7 +190,7 @@ func hostFiles(progs []string) ([]entry, error) {
 		}
 	}
 	if len(missing) > 0 {
-		return nil, fmt.Errorf("conformance: %s missing on this machine: make conformance installs them (deps-conformance: curl, netcat-openbsd, iproute2, bash, coreutils)", strings.Join(missing, ", "))
+		return nil, fmt.Errorf("conformance: %s missing on this machine: make conformance installs them (deps-conformance: curl, wget, netcat-openbsd, iproute2, bash, coreutils)", strings.Join(missing, ", "))
 	}
 	var files []entry
 	links := map[string]string{}
