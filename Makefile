@@ -13,6 +13,7 @@ export WEFT_BIN_DIR := $(BIN)
 APT_PKGS := iproute2 nftables iputils-ping iperf3 tcpdump containernetworking-plugins
 
 .PHONY: e2e-kube e2e-kube-short deps-kube
+.PHONY: conformance conformance-tools deps-conformance kube-run
 .PHONY: all deps build build-race test test-race-e2e test-long test-unit fuzz demo bench soak chaos clean kube-tools image
 
 all: build
@@ -177,6 +178,47 @@ e2e-kube: deps-kube build image kube-tools
 E2E_KUBE_SHORT := TestKubeLateAPIUninstall
 e2e-kube-short: deps-kube build image kube-tools
 	$(GO) test -count=1 -timeout 20m -run '^$(E2E_KUBE_SHORT)$$' ./e2e/kubenodes/ -kubenodes
+
+# conformance: the Kubernetes e2e suite's network specs against the cluster
+# of e2e-kube with weft (e2e/kubenodes TestConformance). e2e.test and
+# agnhost are built from e2e/conformance/tools (the pinned k8s.io/kubernetes
+# of the cluster's binaries) into the tools cache, once per go.sum (cold:
+# tens of minutes; conformance-tools does it alone); agnhost's image is put
+# together from that build and this machine's sh, curl, nc, ss and ip, under
+# the names e2e.test pulls, and imported into every node (no registry).
+# CONFORMANCE_PROCS ginkgo processes run specs at once (1: serially).
+# CONFORMANCE_FOCUS / CONFORMANCE_SKIP replace the ginkgo focus and skip of
+# docs/kubernetes.md; the log, JSON report and summary go to bin/conformance.
+CONFORMANCE_APT_PKGS := curl wget netcat-openbsd iproute2 bash coreutils
+CONFORMANCE_FOCUS ?=
+CONFORMANCE_SKIP  ?=
+CONFORMANCE_TIMEOUT ?= 80m
+CONFORMANCE_PROCS ?= 3
+deps-conformance: deps-kube
+	@missing=""; for p in $(CONFORMANCE_APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+conformance-tools:
+	$(GO) run ./e2e/conformance/cmd/conformance-tools
+
+conformance: deps-conformance build image kube-tools conformance-tools
+	$(GO) test -count=1 -v -timeout 120m -run '^TestConformance$$' ./e2e/kubenodes/ -conformance \
+		-conformance.timeout=$(CONFORMANCE_TIMEOUT) -conformance.procs=$(CONFORMANCE_PROCS) \
+		$(if $(CONFORMANCE_FOCUS),-conformance.focus='$(CONFORMANCE_FOCUS)') \
+		$(if $(CONFORMANCE_SKIP),-conformance.skip='$(CONFORMANCE_SKIP)')
+
+# kube-run: the cluster of e2e-kube with weft Ready, then CMD (a shell
+# command, run in the underlay namespace with KUBECONFIG and KUBECTL set;
+# e.g. CMD='sleep 3600' keeps the cluster up for an hour); everything is
+# taken down when CMD ends.
+KUBE_RUN_TIMEOUT ?= 60m
+kube-run: deps-kube build image kube-tools
+	@test -n "$(CMD)" || { echo "give the command: make kube-run CMD='...'"; exit 2; }
+	$(GO) test -count=1 -v -timeout 120m -run '^TestKubeNodesCommand$$' ./e2e/kubenodes/ \
+		-kubenodes.cmd='$(CMD)' -kubenodes.cmd-timeout=$(KUBE_RUN_TIMEOUT)
 
 clean:
 	rm -rf $(BIN)

@@ -197,9 +197,10 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 		Run: c.Run, NetNS: c.Net.Underlay, Address: e2e.UnderlayGateway,
 		// The kubernetes Service gets the server's address as its endpoint,
 		// so that its ClusterIP works through kube-proxy as in a cluster.
-		// Logs, exec and port-forward reach a kubelet at its Node's
-		// InternalIP: the nodes' hostnames resolve nowhere.
-		ExtraArgs: []string{"--endpoint-reconciler-type=lease", "--kubelet-preferred-address-types=InternalIP"},
+		// The kubelets by their InternalIP (the node address): the nodes'
+		// names resolve nowhere, and exec, logs and the node proxy dial
+		// the kubelet (make conformance's specs use all three).
+		ExtraArgs: []string{"--endpoint-reconciler-type=lease", "--kubelet-preferred-address-types=InternalIP,Hostname"},
 	})
 	if err != nil {
 		return err

@@ -1,0 +1,399 @@
+package conformance
+
+import (
+	"archive/tar"
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+)
+
+// HostTools are the programs agnhost's upstream image (alpine) has that the
+// sig-network tests run in its containers through `kubectl exec`: a shell,
+// curl and nc above all (the dial helpers of test/e2e/framework/network),
+// wget (the Services specs' reachability loops), ss and ip (NodePort checks),
+// and the few utilities their shell lines use.
+// The image takes them from this machine (Debian), with the shared libraries
+// ldd lists for each: make conformance installs the packages (deps-conformance).
+var HostTools = []string{
+	"sh", "bash", "curl", "wget", "nc", "ss", "ip",
+	"cat", "echo", "ls", "sleep", "timeout", "grep", "sed", "head", "tail", "wc", "tr",
+	"date", "hostname", "env", "true", "false", "mkdir", "rm", "test", "seq", "cut", "printf",
+	"id", "touch", "cp", "mv", "ln", "chmod", "stat", "uname", "dd", "sort", "uniq", "tee", "basename", "dirname",
+}
+
+// entry is one file of the image's layer.
+type entry struct {
+	Path string // clean, relative: usr/bin/curl
+	Mode os.FileMode
+	Data []byte
+	Link string // a symbolic link's target when Mode is ModeSymlink
+}
+
+// ImageSpec is what AgnhostImage puts together.
+type ImageSpec struct {
+	Agnhost string   // the static agnhost binary
+	KubeSrc string   // k8s.io/kubernetes' source: test/images/agnhost/porter's certificate
+	Tags    []string // the names e2e.test pulls it by
+	Created time.Time
+}
+
+// AgnhostVersion reads test/images/agnhost/VERSION from the Kubernetes
+// source: the version of the agnhost built from it.
+func AgnhostVersion(kubeSrc string) (string, error) {
+	data, err := os.ReadFile(filepath.Join(kubeSrc, "test", "images", "agnhost", "VERSION"))
+	if err != nil {
+		return "", fmt.Errorf("conformance: agnhost's version: %w", err)
+	}
+	v := strings.TrimSpace(string(data))
+	if !regexp.MustCompile(`^[0-9]+\.[0-9]+(\.[0-9]+)?$`).MatchString(v) {
+		return "", fmt.Errorf("conformance: agnhost's VERSION %q is not a version", v)
+	}
+	return v, nil
+}
+
+// ImagesFor picks from e2e.test's --list-images output the names of the
+// agnhost of version and of the pause image: those the suite pulls and the
+// local images must carry. It fails when the list has no agnhost of that
+// version (the e2e suite and agnhost source would not match).
+func ImagesFor(list, version string) (agnhost, pause []string, err error) {
+	for _, l := range strings.Fields(list) {
+		repo, tag, ok := strings.Cut(l[strings.LastIndex(l, "/")+1:], ":")
+		if !ok {
+			continue
+		}
+		switch {
+		case repo == "agnhost" && tag == version && strings.Contains(l, "e2e-test-images/"):
+			agnhost = append(agnhost, l)
+		case repo == "pause" && !strings.Contains(l, "invalid"):
+			pause = append(pause, l)
+		}
+	}
+	if len(agnhost) == 0 {
+		return nil, nil, fmt.Errorf("conformance: e2e.test --list-images names no e2e-test-images/agnhost:%s (the agnhost source's VERSION); the suite and the source disagree", version)
+	}
+	return agnhost, pause, nil
+}
+
+// AgnhostImage builds agnhost's image: /agnhost as entrypoint (command
+// pause, as upstream), the agnhost-2 link, porter's certificate, /uploads,
+// the image's user 1000 and group 50000, and HostTools with their
+// libraries. Written as a `docker save` tarball with spec.Tags, for
+// `ctr images import`.
+func AgnhostImage(spec ImageSpec, out string) error {
+	files, err := agnhostFiles(spec)
+	if err != nil {
+		return err
+	}
+	layerData, err := layerTar(files, spec.Created)
+	if err != nil {
+		return err
+	}
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
+		return io.NopCloser(bytes.NewReader(layerData)), nil
+	})
+	if err != nil {
+		return fmt.Errorf("conformance: agnhost layer: %w", err)
+	}
+	img, err := mutate.Append(empty.Image, mutate.Addendum{Layer: layer, History: v1.History{
+		Created: v1.Time{Time: spec.Created}, CreatedBy: "weft e2e/conformance: agnhost built from the pinned source, tools from the build host",
+	}})
+	if err != nil {
+		return fmt.Errorf("conformance: agnhost image: %w", err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return err
+	}
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", runtime.GOARCH
+	cf.Created = v1.Time{Time: spec.Created}
+	cf.Config = v1.Config{
+		Entrypoint: []string{"/agnhost"},
+		Cmd:        []string{"pause"},
+		Env:        []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+		WorkingDir: "/",
+		ExposedPorts: map[string]struct{}{
+			"80/tcp": {}, "8080/tcp": {}, "8081/tcp": {}, "9376/tcp": {}, "5000/tcp": {},
+		},
+	}
+	if img, err = mutate.ConfigFile(img, cf); err != nil {
+		return err
+	}
+	return writeImage(out, img, spec.Tags)
+}
+
+func agnhostFiles(spec ImageSpec) ([]entry, error) {
+	bin, err := os.ReadFile(spec.Agnhost)
+	if err != nil {
+		return nil, fmt.Errorf("conformance: %w", err)
+	}
+	files := []entry{
+		{Path: "agnhost", Mode: 0o755, Data: bin},
+		{Path: "agnhost-2", Mode: os.ModeSymlink | 0o777, Link: "agnhost"},
+		{Path: "uploads", Mode: os.ModeDir | 0o755},
+		{Path: "tmp", Mode: os.ModeDir | os.ModeSticky | 0o777},
+		{Path: "etc/passwd", Mode: 0o644, Data: []byte("root:x:0:0:root:/root:/bin/sh\nuser-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n")},
+		{Path: "etc/group", Mode: 0o644, Data: []byte("root:x:0:\nuser-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\nnogroup:x:65534:\n")},
+		{Path: "etc/nsswitch.conf", Mode: 0o644, Data: []byte("hosts: files dns\npasswd: files\ngroup: files\n")},
+	}
+	for _, f := range []string{"localhost.crt", "localhost.key"} {
+		data, err := os.ReadFile(filepath.Join(spec.KubeSrc, "test", "images", "agnhost", "porter", f))
+		if err != nil {
+			return nil, fmt.Errorf("conformance: porter's certificate: %w", err)
+		}
+		files = append(files, entry{Path: f, Mode: 0o644, Data: data})
+	}
+	host, err := hostFiles(HostTools)
+	if err != nil {
+		return nil, err
+	}
+	return append(files, host...), nil
+}
+
+// hostFiles are the programs (looked up on PATH) and every shared library
+// ldd lists for them, at their real paths, plus this host's links of the
+// merged /usr (bin -> usr/bin, lib64 -> usr/lib64, ...), so that the
+// programs' interpreter and library paths resolve as on the host.
+func hostFiles(progs []string) ([]entry, error) {
+	want := map[string]bool{}
+	var missing []string
+	for _, p := range progs {
+		full, err := lookPath(p)
+		if err != nil {
+			missing = append(missing, p)
+			continue
+		}
+		want[full] = true
+		libs, err := lddLibs(full)
+		if err != nil {
+			return nil, err
+		}
+		for _, l := range libs {
+			want[l] = true
+		}
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("conformance: %s missing on this machine: make conformance installs them (deps-conformance: curl, wget, netcat-openbsd, iproute2, bash, coreutils)", strings.Join(missing, ", "))
+	}
+	var files []entry
+	links := map[string]string{}
+	for p := range want {
+		// Every link on the way (the merged /usr's /lib64, or the
+		// alternatives' /usr/bin/nc -> /etc/alternatives/nc) goes in as a
+		// link, its final target as the file.
+		real, chain, err := resolve(p)
+		if err != nil {
+			return nil, err
+		}
+		for from, to := range chain {
+			links[from] = to
+		}
+		st, err := os.Stat(real)
+		if err != nil {
+			return nil, fmt.Errorf("conformance: %w", err)
+		}
+		data, err := os.ReadFile(real)
+		if err != nil {
+			return nil, fmt.Errorf("conformance: %w", err)
+		}
+		files = append(files, entry{Path: strings.TrimPrefix(real, "/"), Mode: st.Mode().Perm(), Data: data})
+	}
+	for from, to := range links {
+		files = append(files, entry{Path: strings.TrimPrefix(from, "/"), Mode: os.ModeSymlink | 0o777, Link: to})
+	}
+	return dedupe(files), nil
+}
+
+// lookPath finds a program on the standard PATH of a Debian root.
+func lookPath(p string) (string, error) {
+	for _, d := range []string{"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"} {
+		full := filepath.Join(d, p)
+		if st, err := os.Stat(full); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+			return full, nil
+		}
+	}
+	return "", fmt.Errorf("conformance: %s not found", p)
+}
+
+// resolve follows p's links component by component and returns the real
+// path and every link met, as path -> target (the target as written).
+func resolve(p string) (string, map[string]string, error) {
+	chain := map[string]string{}
+	cur := "/"
+	rest := strings.Split(strings.TrimPrefix(filepath.Clean(p), "/"), "/")
+	for hops := 0; len(rest) > 0; {
+		next := filepath.Join(cur, rest[0])
+		rest = rest[1:]
+		st, err := os.Lstat(next)
+		if err != nil {
+			return "", nil, fmt.Errorf("conformance: %w", err)
+		}
+		if st.Mode()&os.ModeSymlink == 0 {
+			cur = next
+			continue
+		}
+		if hops++; hops > 40 {
+			return "", nil, fmt.Errorf("conformance: too many links resolving %s", p)
+		}
+		to, err := os.Readlink(next)
+		if err != nil {
+			return "", nil, fmt.Errorf("conformance: %w", err)
+		}
+		chain[next] = to
+		target := to
+		if !filepath.IsAbs(to) {
+			target = filepath.Join(cur, to)
+		}
+		rest = append(strings.Split(strings.TrimPrefix(filepath.Clean(target), "/"), "/"), rest...)
+		cur = "/"
+	}
+	return cur, chain, nil
+}
+
+// lddLibs lists the absolute paths in ldd's output for bin (none for a
+// static binary).
+func lddLibs(bin string) ([]string, error) {
+	out, err := execOutput("ldd", bin)
+	if err != nil {
+		if strings.Contains(string(out), "not a dynamic executable") {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("conformance: ldd %s: %w: %s", bin, err, bytes.TrimSpace(out))
+	}
+	var libs []string
+	s := bufio.NewScanner(bytes.NewReader(out))
+	for s.Scan() {
+		for _, f := range strings.Fields(s.Text()) {
+			if strings.HasPrefix(f, "/") {
+				libs = append(libs, f)
+			}
+		}
+	}
+	return libs, nil
+}
+
+func execOutput(name string, args ...string) ([]byte, error) {
+	return exec.Command(name, args...).CombinedOutput()
+}
+
+func dedupe(files []entry) []entry {
+	seen := map[string]bool{}
+	var out []entry
+	for _, f := range files {
+		if !seen[f.Path] {
+			seen[f.Path] = true
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// layerTar is an uncompressed tar of files and their parent directories,
+// sorted, owned by root, every mtime t.
+func layerTar(files []entry, t time.Time) ([]byte, error) {
+	dirs := map[string]bool{}
+	byPath := map[string]bool{}
+	for _, f := range files {
+		if f.Path == "" || path.IsAbs(f.Path) || path.Clean(f.Path) != f.Path || strings.HasPrefix(f.Path, "../") {
+			return nil, fmt.Errorf("conformance: image path %q is not clean and relative", f.Path)
+		}
+		if byPath[f.Path] {
+			return nil, fmt.Errorf("conformance: image path %q given twice", f.Path)
+		}
+		byPath[f.Path] = true
+		for d := path.Dir(f.Path); d != "."; d = path.Dir(d) {
+			dirs[d] = true
+		}
+	}
+	var hdrs []*tar.Header
+	data := map[string][]byte{}
+	for d := range dirs {
+		if !byPath[d] {
+			hdrs = append(hdrs, &tar.Header{Typeflag: tar.TypeDir, Name: d + "/", Mode: 0o755})
+		}
+	}
+	for _, f := range files {
+		switch {
+		case f.Mode&os.ModeSymlink != 0:
+			if dirs[f.Path] {
+				return nil, fmt.Errorf("conformance: image path %q is a link and a directory", f.Path)
+			}
+			hdrs = append(hdrs, &tar.Header{Typeflag: tar.TypeSymlink, Name: f.Path, Linkname: f.Link, Mode: 0o777})
+		case f.Mode.IsDir():
+			mode := int64(f.Mode.Perm())
+			if f.Mode&os.ModeSticky != 0 {
+				mode |= 0o1000
+			}
+			hdrs = append(hdrs, &tar.Header{Typeflag: tar.TypeDir, Name: f.Path + "/", Mode: mode})
+		default:
+			hdrs = append(hdrs, &tar.Header{Typeflag: tar.TypeReg, Name: f.Path, Mode: int64(f.Mode.Perm()), Size: int64(len(f.Data))})
+			data[f.Path] = f.Data
+		}
+	}
+	sort.Slice(hdrs, func(i, j int) bool { return hdrs[i].Name < hdrs[j].Name })
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, h := range hdrs {
+		h.ModTime = t
+		h.Format = tar.FormatPAX
+		h.Uname, h.Gname = "root", "root"
+		if err := tw.WriteHeader(h); err != nil {
+			return nil, fmt.Errorf("conformance: image layer: %w", err)
+		}
+		if d, ok := data[h.Name]; ok {
+			if _, err := tw.Write(d); err != nil {
+				return nil, fmt.Errorf("conformance: image layer: %w", err)
+			}
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return nil, fmt.Errorf("conformance: image layer: %w", err)
+	}
+	return buf.Bytes(), nil
+}
+
+// writeImage writes img as a `docker save` tarball with every tag, through
+// a temporary file renamed into place.
+func writeImage(out string, img v1.Image, tags []string) error {
+	if len(tags) == 0 {
+		return errors.New("conformance: the image needs at least one tag")
+	}
+	refs := map[name.Reference]v1.Image{}
+	for _, t := range tags {
+		tag, err := name.NewTag(t)
+		if err != nil {
+			return fmt.Errorf("conformance: invalid tag %q: %w", t, err)
+		}
+		refs[tag] = img
+	}
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		return err
+	}
+	tmp := out + ".tmp"
+	if err := tarball.MultiRefWriteToFile(tmp, refs); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("conformance: writing %s: %w", out, err)
+	}
+	if err := os.Rename(tmp, out); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("conformance: writing %s: %w", out, err)
+	}
+	return nil
+}
