@@ -125,6 +125,7 @@ type Device struct {
 	kernel  bool                    // ipip is kernel IPIP (no userspace socket)
 	local   []Mode                  // what this node can do, fastest first
 	routing RouteApplier
+	tunSrc  netip.Addr  // the address SetSourceAddr last gave the TUN device
 	vtep    *VTEP       // this node's end of vxlan; nil: no vxlan
 	vteps   VTEPApplier // the VXLAN device's neighbours and FDB
 
@@ -634,7 +635,20 @@ func (d *Device) applyRoutesLocked() error {
 	if err != nil {
 		return fmt.Errorf("reconciling tunnel routes: %w", err)
 	}
+	if s, ok := d.routing.(sourceSetter); ok && d.src.IsValid() && d.src != d.tunSrc {
+		if err := s.SetSourceAddr(d.tun.Name(), d.src); err != nil {
+			return fmt.Errorf("tunnel: %w", err)
+		}
+		d.tunSrc = d.src
+		d.log.Info("tunnel device has the bridge address", "device", d.tun.Name(), "address", d.src.String())
+	}
 	return nil
+}
+
+// sourceSetter is a RouteApplier that can give the TUN device the bridge
+// address (NetlinkRoutes.SetSourceAddr).
+type sourceSetter interface {
+	SetSourceAddr(dev string, addr netip.Addr) error
 }
 
 // applyVTEPsLocked makes the VXLAN device's neighbours and FDB entries

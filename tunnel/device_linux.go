@@ -186,6 +186,45 @@ func (a *NetlinkRoutes) Close() error {
 	return nil
 }
 
+// SetSourceAddr gives dev the address a as a /32 (no route of the range
+// comes with it), and removes its other IPv4 addresses. Traffic that leaves
+// through dev and that the kernel's NAT gives the device's own address
+// (kube-proxy's masquerade of a node's own traffic to a Service whose
+// endpoint is a pod on another node) then carries this node's bridge
+// address, which the peers accept as this node's, and not the node's
+// underlay address, which they drop as a spoofed source (found by make
+// conformance).
+func (a *NetlinkRoutes) SetSourceAddr(dev string, addr netip.Addr) error {
+	l, err := a.h.LinkByName(dev)
+	if err != nil {
+		return fmt.Errorf("looking up %s: %w", dev, err)
+	}
+	have, err := a.h.AddrList(l, netlink.FAMILY_V4)
+	if err != nil {
+		return fmt.Errorf("listing the addresses of %s: %w", dev, err)
+	}
+	found := false
+	for _, h := range have {
+		ip, _ := netip.AddrFromSlice(h.IP)
+		ones, _ := h.Mask.Size()
+		if ip.Unmap() == addr && ones == 32 {
+			found = true
+			continue
+		}
+		if err := a.h.AddrDel(l, &h); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
+			return fmt.Errorf("removing %s from %s: %w", h.IPNet, dev, err)
+		}
+	}
+	if found || !addr.Is4() {
+		return nil
+	}
+	nl := &netlink.Addr{IPNet: &net.IPNet{IP: addr.AsSlice(), Mask: net.CIDRMask(32, 32)}, Scope: unix.RT_SCOPE_UNIVERSE}
+	if err := a.h.AddrAdd(l, nl); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("giving %s the address %s: %w", dev, addr, err)
+	}
+	return nil
+}
+
 // Routes lists the IPv4 routes of the main table on the tunnel devices
 // that exist.
 func (a *NetlinkRoutes) Routes() ([]Route, error) {
