@@ -450,6 +450,15 @@ func (p *Peer) Gossip() *Ring {
 // refuse (make test-long seed 397).
 func (p *Peer) offersRing() bool { return p.removedErr() == nil }
 
+// shownRing is the live ring as this peer shows it in an answer: empty
+// once it knows it is removed (offersRing).
+func (p *Peer) shownRing() *Ring {
+	if !p.offersRing() {
+		return NewRing(p.cfg.Universe)
+	}
+	return p.a.Ring()
+}
+
 // Lookup returns k's address.
 func (p *Peer) Lookup(k Key) (Address, bool) { return p.a.Lookup(k) }
 

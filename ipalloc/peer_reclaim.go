@@ -142,14 +142,9 @@ func (p *Peer) stepRemove(from PeerName, m *Remove) {
 		// to rmpeer again, make test-long seed 629). It gets this peer's
 		// Remove instead of an acknowledgement, and gives way.
 		p.send(from, &Remove{Peer: x})
-		p.completeReclaims()
-		return
+	} else {
+		p.send(from, &RemoveAck{Peer: x, Ring: p.shownRing(), Members: p.barrier(x)})
 	}
-	ring := p.a.Ring()
-	if !p.offersRing() {
-		ring = NewRing(p.cfg.Universe)
-	}
-	p.send(from, &RemoveAck{Peer: x, Ring: ring, Members: p.barrier(x)})
 	// x no longer counts as live: a reclaim that waited for it may go on.
 	p.completeReclaims()
 }

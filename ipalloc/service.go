@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -385,14 +386,14 @@ func (s *Service) flushLocked() error {
 			return err
 		}
 	}
-	for _, rd := range rds {
-		if rd.Ring != nil {
-			s.setSaved(s.p.Gossip()) // the last Ready's ring, saved now; empty once this peer knows it is removed
-			select {
-			case s.ringChanged <- struct{}{}:
-			default:
-			}
+	if slices.ContainsFunc(rds, func(rd Ready) bool { return rd.Ring != nil }) {
+		s.setSaved(s.p.Gossip()) // the last Ready's ring, saved now; empty once this peer knows it is removed
+		select {
+		case s.ringChanged <- struct{}{}:
+		default:
 		}
+	}
+	for _, rd := range rds {
 		if rd.Broadcast != nil {
 			s.queue(outgoing{broadcast: EncodeMsg(&RingMsg{Ring: rd.Broadcast})})
 		}
