@@ -239,29 +239,39 @@ func protoOf(p corev1.Protocol) corev1.Protocol {
 func Allowed(w *World, c Conn) bool {
 	ix := newIndex(w)
 	src, dst := ix.byIP[c.Src], ix.byIP[c.Dst]
-	return ix.egressAllows(src, c, dst) && ix.ingressAllows(dst, c, src)
+	if dst != nil && !c.FromNode && !ix.allows(dst, false, c.Src, src, c, dst) {
+		return false
+	}
+	return src == nil || ix.allows(src, true, c.Dst, dst, c, dst)
 }
 
-func (ix *index) ingressAllows(dst *Pod, c Conn, src *Pod) bool {
-	if dst == nil || c.FromNode {
-		return true
-	}
+// allows reports whether the policies that select pod x in one direction
+// (egress: x sends; ingress: x receives) let c pass, its peer being the
+// address peer (pod peerPod, if it is one) and its destination pod dst
+// (for named ports). A pod no such policy selects is not isolated.
+func (ix *index) allows(x *Pod, egress bool, peer netip.Addr, peerPod *Pod, c Conn, dst *Pod) bool {
 	isolated := false
 	for i := range ix.w.Policies {
 		p := &ix.w.Policies[i]
-		if in, _ := Types(p); !in || !selects(p, dst) {
+		in, eg := Types(p)
+		if (egress && !eg) || (!egress && !in) || !selects(p, x) {
 			continue
 		}
 		isolated = true
-		for _, r := range p.Spec.Ingress {
-			if !portMatches(r.Ports, c.Protocol, c.Port, dst) {
+		rules := len(p.Spec.Ingress)
+		if egress {
+			rules = len(p.Spec.Egress)
+		}
+		for j := range rules {
+			peers, ports := ruleOf(p, egress, j)
+			if !portMatches(ports, c.Protocol, c.Port, dst) {
 				continue
 			}
-			if len(r.From) == 0 {
+			if len(peers) == 0 {
 				return true
 			}
-			for _, peer := range r.From {
-				if ix.peerMatches(p, peer, c.Src, src) {
+			for _, pe := range peers {
+				if ix.peerMatches(p, pe, peer, peerPod) {
 					return true
 				}
 			}
@@ -270,30 +280,10 @@ func (ix *index) ingressAllows(dst *Pod, c Conn, src *Pod) bool {
 	return !isolated
 }
 
-func (ix *index) egressAllows(src *Pod, c Conn, dst *Pod) bool {
-	if src == nil {
-		return true
+// ruleOf returns the peers and ports of p's j-th rule in one direction.
+func ruleOf(p *networkingv1.NetworkPolicy, egress bool, j int) ([]networkingv1.NetworkPolicyPeer, []networkingv1.NetworkPolicyPort) {
+	if egress {
+		return p.Spec.Egress[j].To, p.Spec.Egress[j].Ports
 	}
-	isolated := false
-	for i := range ix.w.Policies {
-		p := &ix.w.Policies[i]
-		if _, eg := Types(p); !eg || !selects(p, src) {
-			continue
-		}
-		isolated = true
-		for _, r := range p.Spec.Egress {
-			if !portMatches(r.Ports, c.Protocol, c.Port, dst) {
-				continue
-			}
-			if len(r.To) == 0 {
-				return true
-			}
-			for _, peer := range r.To {
-				if ix.peerMatches(p, peer, c.Dst, dst) {
-					return true
-				}
-			}
-		}
-	}
-	return !isolated
+	return p.Spec.Ingress[j].From, p.Spec.Ingress[j].Ports
 }
