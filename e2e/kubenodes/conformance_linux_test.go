@@ -17,13 +17,12 @@ import (
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/google/go-containerregistry/pkg/name"
-	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/weft-net/weft/e2e"
 	"github.com/weft-net/weft/e2e/conformance"
 	"github.com/weft-net/weft/e2e/kubeapi"
+	"github.com/weft-net/weft/internal/ociimage"
 )
 
 // The upstream conformance run (make conformance) and the command run
@@ -331,13 +330,5 @@ func retag(in, out string, tags []string) error {
 	if err != nil {
 		return fmt.Errorf("reading %s: %w", in, err)
 	}
-	refs := map[name.Reference]v1.Image{}
-	for _, t := range tags {
-		tag, err := name.NewTag(t)
-		if err != nil {
-			return fmt.Errorf("tag %q: %w", t, err)
-		}
-		refs[tag] = img
-	}
-	return tarball.MultiRefWriteToFile(out, refs)
+	return ociimage.WriteTarball(out, img, tags)
 }
