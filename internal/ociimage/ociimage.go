@@ -32,7 +32,7 @@ type File struct {
 // LayerTar is an uncompressed tar of files and their parent directories,
 // sorted by name, owned by root, every mtime t: the same files give the
 // same bytes. A path that is not clean and relative, given twice, or both a
-// link and a parent directory, is an error.
+// link or a file and a parent directory, is an error.
 func LayerTar(files []File, t time.Time) ([]byte, error) {
 	dirs := map[string]bool{}
 	byPath := map[string]bool{}
@@ -69,6 +69,9 @@ func LayerTar(files []File, t time.Time) ([]byte, error) {
 			}
 			hdrs = append(hdrs, &tar.Header{Typeflag: tar.TypeDir, Name: f.Path + "/", Mode: mode})
 		default:
+			if dirs[f.Path] {
+				return nil, fmt.Errorf("image path %q is a file and a directory", f.Path)
+			}
 			hdrs = append(hdrs, &tar.Header{Typeflag: tar.TypeReg, Name: f.Path, Mode: int64(f.Mode.Perm()), Size: int64(len(f.Data))})
 			data[f.Path] = f.Data
 		}

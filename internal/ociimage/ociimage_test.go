@@ -48,6 +48,7 @@ func TestLayerTar(t *testing.T) {
 		{{Path: "a/../b", Mode: 0o644}},
 		{{Path: "x", Mode: 0o644}, {Path: "x", Mode: 0o644}},
 		{{Path: "l", Mode: os.ModeSymlink, Link: "y"}, {Path: "l/f", Mode: 0o644}},
+		{{Path: "f", Mode: 0o644}, {Path: "f/g", Mode: 0o644}},
 	} {
 		if _, err := LayerTar(bad, time.Unix(0, 0)); err == nil {
 			t.Errorf("LayerTar(%v): no error", bad)
