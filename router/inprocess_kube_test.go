@@ -154,6 +154,27 @@ func startKubeRouters(t *testing.T, universe string, hosts []string, resync time
 	}
 }
 
+// waitRingWithout waits until a and b agree on the ring and own all of
+// universe between them, gone owning none of it.
+func waitRingWithout(t *testing.T, hc *http.Client, a, b *inprocNode, gone, universe string) {
+	t.Helper()
+	size := uint64(1) << (32 - netip.MustParsePrefix(universe).Bits())
+	waitUntil(t, a.name+" and "+b.name+" to own the whole ring without "+gone, func() bool {
+		ra, rb := a.report(t, hc), b.report(t, hc)
+		if !slices.Equal(ra.IPAM.Entries, rb.IPAM.Entries) {
+			return false
+		}
+		var total uint64
+		for _, o := range ra.IPAM.Owners {
+			if o.Peer == gone && o.Size > 0 {
+				return false
+			}
+			total += o.Size
+		}
+		return total == size
+	})
+}
+
 // Three whole routers in --kube mode in this process, without root, on
 // client-go's fake clientset (the Nodes and weft's ConfigMap), the fake
 // kernel, tuntest, bindtest and meshtest: no --peers, the routers find
@@ -214,20 +235,7 @@ func TestInProcessKube(t *testing.T) {
 	if err := client.CoreV1().Nodes().Delete(ctx, "n3", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "r1 and r2 to own the whole ring without r3", func() bool {
-		a, b := nodes[0].report(t, hc), nodes[1].report(t, hc)
-		if !slices.Equal(a.IPAM.Entries, b.IPAM.Entries) {
-			return false
-		}
-		var total uint64
-		for _, o := range a.IPAM.Owners {
-			if o.Peer == "r3" && o.Size > 0 {
-				return false
-			}
-			total += o.Size
-		}
-		return total == 1<<(32-20)
-	})
+	waitRingWithout(t, hc, nodes[0], nodes[1], "r3", universe)
 	waitUntil(t, "r3's entry to leave the ConfigMap", func() bool {
 		peers, err := k.Peers(ctx)
 		_, has := peers["r3"]

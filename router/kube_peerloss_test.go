@@ -44,20 +44,7 @@ func TestInProcessKubeReclaimOnPeerLoss(t *testing.T) {
 	}
 	// Then r3 dies: the mesh's news starts the pass.
 	stop(nodes[2])
-	waitUntil(t, "r1 and r2 to own the whole ring without r3", func() bool {
-		a, b := nodes[0].report(t, hc), nodes[1].report(t, hc)
-		if !slices.Equal(a.IPAM.Entries, b.IPAM.Entries) {
-			return false
-		}
-		var total uint64
-		for _, o := range a.IPAM.Owners {
-			if o.Peer == "r3" && o.Size > 0 {
-				return false
-			}
-			total += o.Size
-		}
-		return total == 1<<(32-20)
-	})
+	waitRingWithout(t, hc, nodes[0], nodes[1], "r3", universe)
 	reclaimers := 0
 	for _, n := range nodes[:2] {
 		reclaimers += strings.Count(n.log.String(), "node of peer r3 deleted: reclaiming its ranges")
