@@ -72,18 +72,14 @@ func casClientset() *fake.Clientset {
 	return f
 }
 
-// Three whole routers in --kube mode in this process, without root, on
-// client-go's fake clientset (the Nodes and weft's ConfigMap), the fake
-// kernel, tuntest, bindtest and meshtest: no --peers, the routers find
-// each other from the Node list, make the first claim by consensus among
-// the cluster's nodes, record it in the ConfigMap, register there, clear
-// each Node's NetworkUnavailable condition, and once r3 is stopped and its
-// Node deleted, r1 and r2 reclaim its ranges (exactly one of them, through
-// the ConfigMap's marker), drop its entry and agree on the ring without it.
-func TestInProcessKube(t *testing.T) {
-	const universe = "10.41.0.0/20"
-	hosts := []string{"10.98.0.1", "10.98.0.2", "10.98.0.3"}
-	client := casClientset()
+// startKubeRouters runs one router in --kube mode per host on a
+// casClientset that holds a Node n<i> for each (router r<i>), on meshtest
+// and bindtest, with the given resync period, and waits for none of them.
+// stop stops one (checking Run's result); the rest stop when the test ends,
+// and a failed test logs every router's log.
+func startKubeRouters(t *testing.T, universe string, hosts []string, resync time.Duration) (client *fake.Clientset, nodes []*inprocNode, hc *http.Client, stop func(*inprocNode)) {
+	t.Helper()
+	client = casClientset()
 	ctx := context.Background()
 	for i, h := range hosts {
 		node := &corev1.Node{
@@ -101,10 +97,10 @@ func TestInProcessKube(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
-	defer hc.CloseIdleConnections()
+	hc = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
+	t.Cleanup(hc.CloseIdleConnections)
 
-	nodes := make([]*inprocNode, len(hosts))
+	nodes = make([]*inprocNode, len(hosts))
 	for i, h := range hosts {
 		dir := t.TempDir()
 		c := Defaults()
@@ -123,7 +119,7 @@ func TestInProcessKube(t *testing.T) {
 			t.Fatal(err)
 		}
 		n.node, err = build(ctx, n.cfg, slog.New(slog.NewTextHandler(n.log, &slog.HandlerOptions{Level: slog.LevelDebug})).With("node", n.name), n.kernel,
-			seams{cniSrcDir: srcDir, gossip: tr, meshTimings: inprocTimings(), kubeClient: client, kubeResync: 500 * time.Millisecond})
+			seams{cniSrcDir: srcDir, gossip: tr, meshTimings: inprocTimings(), kubeClient: client, kubeResync: resync})
 		if err != nil {
 			t.Fatalf("%s: Build: %v", n.name, err)
 		}
@@ -143,15 +139,55 @@ func TestInProcessKube(t *testing.T) {
 		n.cancel, n.done = cancel, make(chan error, 1)
 		go func() { n.done <- n.node.Run(rctx) }()
 	}
-	defer func() {
+	t.Cleanup(func() {
 		for _, n := range nodes {
 			if !stopped[n] {
 				n.cancel()
 				<-n.done
 			}
 		}
-	}()
+	})
 
+	return client, nodes, hc, func(n *inprocNode) {
+		n.stop(t)
+		stopped[n] = true
+	}
+}
+
+// waitRingWithout waits until a and b agree on the ring and own all of
+// universe between them, gone owning none of it.
+func waitRingWithout(t *testing.T, hc *http.Client, a, b *inprocNode, gone, universe string) {
+	t.Helper()
+	size := uint64(1) << (32 - netip.MustParsePrefix(universe).Bits())
+	waitUntil(t, a.name+" and "+b.name+" to own the whole ring without "+gone, func() bool {
+		ra, rb := a.report(t, hc), b.report(t, hc)
+		if !slices.Equal(ra.IPAM.Entries, rb.IPAM.Entries) {
+			return false
+		}
+		var total uint64
+		for _, o := range ra.IPAM.Owners {
+			if o.Peer == gone && o.Size > 0 {
+				return false
+			}
+			total += o.Size
+		}
+		return total == size
+	})
+}
+
+// Three whole routers in --kube mode in this process, without root, on
+// client-go's fake clientset (the Nodes and weft's ConfigMap), the fake
+// kernel, tuntest, bindtest and meshtest: no --peers, the routers find
+// each other from the Node list, make the first claim by consensus among
+// the cluster's nodes, record it in the ConfigMap, register there, clear
+// each Node's NetworkUnavailable condition, and once r3 is stopped and its
+// Node deleted, r1 and r2 reclaim its ranges (exactly one of them, through
+// the ConfigMap's marker), drop its entry and agree on the ring without it.
+func TestInProcessKube(t *testing.T) {
+	const universe = "10.41.0.0/20"
+	hosts := []string{"10.98.0.1", "10.98.0.2", "10.98.0.3"}
+	client, nodes, hc, stop := startKubeRouters(t, universe, hosts, 500*time.Millisecond)
+	ctx := context.Background()
 	for _, n := range nodes {
 		waitUntil(t, n.name+" to be ready", func() bool { return n.api.Ready(ctx) == nil })
 	}
@@ -192,28 +228,14 @@ func TestInProcessKube(t *testing.T) {
 	})
 
 	// r3 goes, then its Node: r1 and r2 reclaim its ranges.
-	nodes[2].stop(t)
-	stopped[nodes[2]] = true
+	stop(nodes[2])
 	waitUntil(t, "r1 and r2 to see r3 gone", func() bool {
 		return !nodes[0].node.alivePeers()["r3"] && !nodes[1].node.alivePeers()["r3"]
 	})
 	if err := client.CoreV1().Nodes().Delete(ctx, "n3", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "r1 and r2 to own the whole ring without r3", func() bool {
-		a, b := nodes[0].report(t, hc), nodes[1].report(t, hc)
-		if !slices.Equal(a.IPAM.Entries, b.IPAM.Entries) {
-			return false
-		}
-		var total uint64
-		for _, o := range a.IPAM.Owners {
-			if o.Peer == "r3" && o.Size > 0 {
-				return false
-			}
-			total += o.Size
-		}
-		return total == 1<<(32-20)
-	})
+	waitRingWithout(t, hc, nodes[0], nodes[1], "r3", universe)
 	waitUntil(t, "r3's entry to leave the ConfigMap", func() bool {
 		peers, err := k.Peers(ctx)
 		_, has := peers["r3"]
@@ -245,8 +267,7 @@ func TestInProcessKube(t *testing.T) {
 	}
 
 	for _, n := range nodes[:2] {
-		n.stop(t)
-		stopped[n] = true
+		stop(n)
 	}
 	for _, n := range nodes {
 		for _, l := range strings.Split(n.log.String(), "\n") {

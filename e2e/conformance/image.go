@@ -1,27 +1,24 @@
 package conformance
 
 import (
-	"archive/tar"
 	"bufio"
 	"bytes"
-	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
-	"path"
 	"path/filepath"
 	"regexp"
 	"runtime"
-	"sort"
 	"strings"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/weft-net/weft/internal/ociimage"
 )
 
 // HostTools are the programs agnhost's upstream image (alpine) has that the
@@ -39,12 +36,7 @@ var HostTools = []string{
 }
 
 // entry is one file of the image's layer.
-type entry struct {
-	Path string // clean, relative: usr/bin/curl
-	Mode os.FileMode
-	Data []byte
-	Link string // a symbolic link's target when Mode is ModeSymlink
-}
+type entry = ociimage.File
 
 // ImageSpec is what AgnhostImage puts together.
 type ImageSpec struct {
@@ -101,9 +93,9 @@ func AgnhostImage(spec ImageSpec, out string) error {
 	if err != nil {
 		return err
 	}
-	layerData, err := layerTar(files, spec.Created)
+	layerData, err := ociimage.LayerTar(files, spec.Created)
 	if err != nil {
-		return err
+		return fmt.Errorf("conformance: %w", err)
 	}
 	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
 		return io.NopCloser(bytes.NewReader(layerData)), nil
@@ -136,7 +128,10 @@ func AgnhostImage(spec ImageSpec, out string) error {
 	if img, err = mutate.ConfigFile(img, cf); err != nil {
 		return err
 	}
-	return writeImage(out, img, spec.Tags)
+	if err := ociimage.WriteTarball(out, img, spec.Tags); err != nil {
+		return fmt.Errorf("conformance: %w", err)
+	}
+	return nil
 }
 
 func agnhostFiles(spec ImageSpec) ([]entry, error) {
@@ -303,97 +298,4 @@ func dedupe(files []entry) []entry {
 		}
 	}
 	return out
-}
-
-// layerTar is an uncompressed tar of files and their parent directories,
-// sorted, owned by root, every mtime t.
-func layerTar(files []entry, t time.Time) ([]byte, error) {
-	dirs := map[string]bool{}
-	byPath := map[string]bool{}
-	for _, f := range files {
-		if f.Path == "" || path.IsAbs(f.Path) || path.Clean(f.Path) != f.Path || strings.HasPrefix(f.Path, "../") {
-			return nil, fmt.Errorf("conformance: image path %q is not clean and relative", f.Path)
-		}
-		if byPath[f.Path] {
-			return nil, fmt.Errorf("conformance: image path %q given twice", f.Path)
-		}
-		byPath[f.Path] = true
-		for d := path.Dir(f.Path); d != "."; d = path.Dir(d) {
-			dirs[d] = true
-		}
-	}
-	var hdrs []*tar.Header
-	data := map[string][]byte{}
-	for d := range dirs {
-		if !byPath[d] {
-			hdrs = append(hdrs, &tar.Header{Typeflag: tar.TypeDir, Name: d + "/", Mode: 0o755})
-		}
-	}
-	for _, f := range files {
-		switch {
-		case f.Mode&os.ModeSymlink != 0:
-			if dirs[f.Path] {
-				return nil, fmt.Errorf("conformance: image path %q is a link and a directory", f.Path)
-			}
-			hdrs = append(hdrs, &tar.Header{Typeflag: tar.TypeSymlink, Name: f.Path, Linkname: f.Link, Mode: 0o777})
-		case f.Mode.IsDir():
-			mode := int64(f.Mode.Perm())
-			if f.Mode&os.ModeSticky != 0 {
-				mode |= 0o1000
-			}
-			hdrs = append(hdrs, &tar.Header{Typeflag: tar.TypeDir, Name: f.Path + "/", Mode: mode})
-		default:
-			hdrs = append(hdrs, &tar.Header{Typeflag: tar.TypeReg, Name: f.Path, Mode: int64(f.Mode.Perm()), Size: int64(len(f.Data))})
-			data[f.Path] = f.Data
-		}
-	}
-	sort.Slice(hdrs, func(i, j int) bool { return hdrs[i].Name < hdrs[j].Name })
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for _, h := range hdrs {
-		h.ModTime = t
-		h.Format = tar.FormatPAX
-		h.Uname, h.Gname = "root", "root"
-		if err := tw.WriteHeader(h); err != nil {
-			return nil, fmt.Errorf("conformance: image layer: %w", err)
-		}
-		if d, ok := data[h.Name]; ok {
-			if _, err := tw.Write(d); err != nil {
-				return nil, fmt.Errorf("conformance: image layer: %w", err)
-			}
-		}
-	}
-	if err := tw.Close(); err != nil {
-		return nil, fmt.Errorf("conformance: image layer: %w", err)
-	}
-	return buf.Bytes(), nil
-}
-
-// writeImage writes img as a `docker save` tarball with every tag, through
-// a temporary file renamed into place.
-func writeImage(out string, img v1.Image, tags []string) error {
-	if len(tags) == 0 {
-		return errors.New("conformance: the image needs at least one tag")
-	}
-	refs := map[name.Reference]v1.Image{}
-	for _, t := range tags {
-		tag, err := name.NewTag(t)
-		if err != nil {
-			return fmt.Errorf("conformance: invalid tag %q: %w", t, err)
-		}
-		refs[tag] = img
-	}
-	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
-		return err
-	}
-	tmp := out + ".tmp"
-	if err := tarball.MultiRefWriteToFile(tmp, refs); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("conformance: writing %s: %w", out, err)
-	}
-	if err := os.Rename(tmp, out); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("conformance: writing %s: %w", out, err)
-	}
-	return nil
 }

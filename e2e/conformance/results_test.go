@@ -1,9 +1,6 @@
 package conformance
 
 import (
-	"archive/tar"
-	"bytes"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -94,49 +91,6 @@ func TestResolveKeepsEveryLink(t *testing.T) {
 	for _, l := range []string{"usr/bin/nc", "etc/alternatives/nc", "bin"} {
 		if _, ok := chain[filepath.Join(realD, l)]; !ok {
 			t.Errorf("link %s missing from %v", l, chain)
-		}
-	}
-}
-
-func TestLayerTar(t *testing.T) {
-	files := []entry{
-		{Path: "usr/bin/curl", Mode: 0o755, Data: []byte("curl")},
-		{Path: "bin", Mode: os.ModeSymlink | 0o777, Link: "usr/bin"},
-		{Path: "tmp", Mode: os.ModeDir | os.ModeSticky | 0o777},
-	}
-	data, err := layerTar(files, time.Unix(0, 0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]*tar.Header{}
-	tr := tar.NewReader(bytes.NewReader(data))
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		got[h.Name] = h
-	}
-	if h := got["bin"]; h == nil || h.Typeflag != tar.TypeSymlink || h.Linkname != "usr/bin" {
-		t.Errorf("bin: %+v", h)
-	}
-	if h := got["tmp/"]; h == nil || h.Mode != 0o1777 {
-		t.Errorf("tmp/: %+v", h)
-	}
-	if got["usr/"] == nil || got["usr/bin/"] == nil || got["usr/bin/curl"] == nil {
-		t.Errorf("missing entries: %v", got)
-	}
-	for _, bad := range [][]entry{
-		{{Path: "/abs", Mode: 0o644}},
-		{{Path: "a/../b", Mode: 0o644}},
-		{{Path: "x", Mode: 0o644}, {Path: "x", Mode: 0o644}},
-		{{Path: "l", Mode: os.ModeSymlink, Link: "y"}, {Path: "l/f", Mode: 0o644}},
-	} {
-		if _, err := layerTar(bad, time.Unix(0, 0)); err == nil {
-			t.Errorf("layerTar(%v): no error", bad)
 		}
 	}
 }

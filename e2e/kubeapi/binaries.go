@@ -19,13 +19,27 @@ const KubeVersion = "v1.37.2"
 // names), so that a new recipe never reuses an old cache entry.
 const buildRecipe = "kubeapi-build-2"
 
-// Tool is one control-plane binary: its file name in the cache and the
+// Tool is one binary of a cache entry: its file name in the entry and the
 // package of the tools module that builds it.
 type Tool struct {
 	Name string
 	Pkg  string
 	Note string // said while building, e.g. "a few minutes"
+	// Args, if set, are the go command's arguments that build the tool
+	// into out; else `go build` of Pkg with Ldflags.
+	Args func(out string) []string
 }
+
+func (t Tool) args(out string) []string {
+	if t.Args != nil {
+		return t.Args(out)
+	}
+	return []string{"build", "-trimpath", "-ldflags", Ldflags(), "-o", out, t.Pkg}
+}
+
+// kubeKeyFiles are the files of the tools module the control plane's cache
+// key hashes.
+var kubeKeyFiles = []string{"go.mod", "go.sum", filepath.Join("etcd", "main.go")}
 
 // Tools are the binaries Binaries builds, in build order.
 var Tools = []Tool{
@@ -40,10 +54,10 @@ var Tools = []Tool{
 	{Name: "kube-proxy", Pkg: "k8s.io/kubernetes/cmd/kube-proxy", Note: "a minute or two"},
 }
 
-// ldflags stamps the Kubernetes version into the kube binaries (component-base
+// Ldflags stamps the Kubernetes version into the kube binaries (component-base
 // for the server and kubectl's client version, client-go's for its user
 // agent) and strips the symbol tables to keep the cache small.
-func ldflags() string {
+func Ldflags() string {
 	minor := strings.Split(strings.TrimPrefix(KubeVersion, "v"), ".")[1]
 	var b strings.Builder
 	b.WriteString("-s -w")
@@ -82,11 +96,11 @@ func binsIn(dir string) Bins {
 }
 
 // cacheKey is the first 12 hex digits of the sha256 of the tools module's
-// go.mod, go.sum and etcd wrapper, the Go version that builds them and the
-// build recipe.
-func cacheKey(toolsDir, goVersion string) (string, error) {
+// files (for the control plane: go.mod, go.sum and the etcd wrapper), the
+// Go version that builds them, the build recipe and the link flags.
+func cacheKey(toolsDir string, files []string, goVersion, recipe string) (string, error) {
 	h := sha256.New()
-	for _, f := range []string{"go.mod", "go.sum", filepath.Join("etcd", "main.go")} {
+	for _, f := range files {
 		data, err := os.ReadFile(filepath.Join(toolsDir, f))
 		if err != nil {
 			return "", fmt.Errorf("kubeapi: reading the tools module: %w", err)
@@ -94,7 +108,7 @@ func cacheKey(toolsDir, goVersion string) (string, error) {
 		fmt.Fprintf(h, "%s %d\n", f, len(data))
 		h.Write(data)
 	}
-	fmt.Fprintf(h, "go %s\nrecipe %s\nldflags %s\n", goVersion, buildRecipe, ldflags())
+	fmt.Fprintf(h, "go %s\nrecipe %s\nldflags %s\n", goVersion, recipe, Ldflags())
 	return hex.EncodeToString(h.Sum(nil))[:12], nil
 }
 

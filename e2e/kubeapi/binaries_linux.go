@@ -29,35 +29,78 @@ const lockPoll = 500 * time.Millisecond
 // takes minutes. Concurrent callers, in this process or others, wait for one
 // build.
 func Binaries(ctx context.Context, log *slog.Logger) (Bins, error) {
-	if log == nil {
-		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
-	}
 	toolsDir, err := findToolsDir()
 	if err != nil {
 		return Bins{}, err
 	}
-	goBin, err := goCommand()
+	entry, err := CachedTools{
+		Module:   toolsDir,
+		KeyFiles: kubeKeyFiles,
+		Recipe:   buildRecipe,
+		Prefix:   "kube",
+		What:     "the control plane",
+		Tools:    Tools,
+	}.Ensure(ctx, log)
 	if err != nil {
-		return Bins{}, err
-	}
-	goVersion, err := runGo(ctx, goBin, toolsDir, "env", "GOVERSION")
-	if err != nil {
-		return Bins{}, err
-	}
-	key, err := cacheKey(toolsDir, strings.TrimSpace(goVersion))
-	if err != nil {
-		return Bins{}, err
-	}
-	root, err := cacheRoot()
-	if err != nil {
-		return Bins{}, err
-	}
-	entry := filepath.Join(root, "kube-"+key)
-	b := builder{goBin: goBin, toolsDir: toolsDir, tools: Tools, log: log}
-	if err := b.ensure(ctx, entry); err != nil {
 		return Bins{}, err
 	}
 	return binsIn(entry), nil
+}
+
+// CachedTools is a set of tools built from one Go module into one entry of
+// the tools cache, $WEFT_TOOLS_CACHE/<Prefix>-<key>: the key hashes KeyFiles,
+// the Go version, Recipe and the link flags, so that a change to any of them
+// never reuses an old entry.
+type CachedTools struct {
+	Module   string   // the tools module's directory
+	KeyFiles []string // the module's files the key hashes, relative to Module
+	Recipe   string   // changed whenever the way the tools are built changes
+	Prefix   string   // the entry's name before its key
+	What     string   // what the tools are, for the log: "the control plane"
+	Tools    []Tool   // in build order
+	Nice     bool     // build at nice 10 (a long build on a shared machine)
+}
+
+// Ensure returns the cache entry that holds every tool, building them first
+// when it is not complete. Progress lines go to log (nil: standard error).
+// Concurrent callers, in this process or others, wait for one build.
+func (c CachedTools) Ensure(ctx context.Context, log *slog.Logger) (string, error) {
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	goBin, err := goCommand()
+	if err != nil {
+		return "", err
+	}
+	goVersion, err := runGo(ctx, goBin, false, c.Module, "env", "GOVERSION")
+	if err != nil {
+		return "", err
+	}
+	key, err := cacheKey(c.Module, c.KeyFiles, strings.TrimSpace(goVersion), c.Recipe)
+	if err != nil {
+		return "", err
+	}
+	root, err := cacheRoot()
+	if err != nil {
+		return "", err
+	}
+	entry := filepath.Join(root, c.Prefix+"-"+key)
+	b := builder{goBin: goBin, toolsDir: c.Module, tools: c.Tools, log: log, what: c.What, recipe: c.Recipe, nice: c.Nice}
+	if err := b.ensure(ctx, entry); err != nil {
+		return "", err
+	}
+	return entry, nil
+}
+
+// Go runs the go command in dir as the tool builds do (the module as
+// committed, no workspace, no toolchain switch) and returns its standard
+// output.
+func Go(ctx context.Context, dir string, args ...string) (string, error) {
+	goBin, err := goCommand()
+	if err != nil {
+		return "", err
+	}
+	return runGo(ctx, goBin, false, dir, args...)
 }
 
 // builder builds a set of tools from one Go module into cache entries.
@@ -66,6 +109,9 @@ type builder struct {
 	toolsDir string
 	tools    []Tool
 	log      *slog.Logger
+	what     string // for the log
+	recipe   string // for the COMPLETE stamp
+	nice     bool
 }
 
 // ensure makes entry hold every tool, built once: it returns at once when
@@ -79,7 +125,7 @@ func (b builder) ensure(ctx context.Context, entry string) error {
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return fmt.Errorf("kubeapi: making the tools cache %s (set WEFT_TOOLS_CACHE to move it): %w", root, err)
 	}
-	unlock, err := lockFile(ctx, entry+".lock", b.log)
+	unlock, err := lockFile(ctx, entry+".lock", b.what, b.log)
 	if err != nil {
 		return err
 	}
@@ -125,17 +171,21 @@ func (b builder) build(ctx context.Context, entry string) error {
 		return fmt.Errorf("kubeapi: making a build directory in %s: %w", root, err)
 	}
 	defer os.RemoveAll(tmp) // gone after the rename; removes a failed build
-	b.log.Info("kubeapi: building the control plane into the tools cache (once per tools go.sum)", "cache", entry, "tools", b.toolsDir)
+	b.log.Info(fmt.Sprintf("kubeapi: building %s into the tools cache (once per tools go.sum)", b.what), "cache", entry, "tools", b.toolsDir)
 	all := time.Now()
+	var took []string
 	for _, t := range b.tools {
 		start := time.Now()
 		b.log.Info(fmt.Sprintf("building %s (%s)…", t.Name, t.Note))
-		if _, err := runGo(ctx, b.goBin, b.toolsDir, "build", "-trimpath", "-ldflags", ldflags(), "-o", filepath.Join(tmp, t.Name), t.Pkg); err != nil {
+		if _, err := runGo(ctx, b.goBin, b.nice, b.toolsDir, t.args(filepath.Join(tmp, t.Name))...); err != nil {
 			return err
 		}
-		b.log.Info(fmt.Sprintf("built %s in %s", t.Name, time.Since(start).Round(time.Second)))
+		d := time.Since(start).Round(time.Second)
+		took = append(took, fmt.Sprintf("%s %s", t.Name, d))
+		b.log.Info(fmt.Sprintf("built %s in %s", t.Name, d))
 	}
-	stamp := fmt.Sprintf("kubernetes %s\nrecipe %s\nbuilt %s in %s\n", KubeVersion, buildRecipe, time.Now().UTC().Format(time.RFC3339), time.Since(all).Round(time.Second))
+	stamp := fmt.Sprintf("kubernetes %s\nrecipe %s\nbuilt %s in %s (%s)\n", KubeVersion, b.recipe,
+		time.Now().UTC().Format(time.RFC3339), time.Since(all).Round(time.Second), strings.Join(took, ", "))
 	if err := os.WriteFile(filepath.Join(tmp, completeFile), []byte(stamp), 0o644); err != nil {
 		return fmt.Errorf("kubeapi: finishing the build: %w", err)
 	}
@@ -145,7 +195,7 @@ func (b builder) build(ctx context.Context, entry string) error {
 	if err := os.Rename(tmp, entry); err != nil {
 		return fmt.Errorf("kubeapi: moving the build into the cache: %w", err)
 	}
-	b.log.Info("kubeapi: control plane built", "took", time.Since(all).Round(time.Second), "cache", entry)
+	b.log.Info(fmt.Sprintf("kubeapi: %s built", b.what), "took", time.Since(all).Round(time.Second), "cache", entry)
 	return nil
 }
 
@@ -168,13 +218,16 @@ func goCommand() (string, error) {
 
 // runGo runs the go command in the tools module, which must build as it is
 // committed (-mod=readonly, no workspace, no toolchain switch), and returns
-// its standard output. The command dies with the calling process (a test
+// its standard output; nice runs it at nice 10. The command dies with the calling process (a test
 // binary killed by its timeout leaves no build running): Pdeathsig fires
 // when the forking thread ends, so the thread stays locked until the end.
-func runGo(ctx context.Context, goBin, dir string, args ...string) (string, error) {
+func runGo(ctx context.Context, goBin string, nice bool, dir string, args ...string) (string, error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	cmd := exec.CommandContext(ctx, goBin, args...)
+	if nice {
+		cmd = exec.CommandContext(ctx, "nice", append([]string{"-n", "10", goBin}, args...)...)
+	}
 	cmd.Dir = dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	cmd.Env = append(os.Environ(),
@@ -194,7 +247,7 @@ func runGo(ctx context.Context, goBin, dir string, args ...string) (string, erro
 // another process holds it, and returns the function that releases it.
 // The kernel drops the lock when its holder dies, so a killed build never
 // blocks the next one.
-func lockFile(ctx context.Context, path string, log *slog.Logger) (func(), error) {
+func lockFile(ctx context.Context, path, what string, log *slog.Logger) (func(), error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("kubeapi: opening the build lock: %w", err)
@@ -210,7 +263,7 @@ func lockFile(ctx context.Context, path string, log *slog.Logger) (func(), error
 			return nil, fmt.Errorf("kubeapi: locking %s: %w", path, err)
 		}
 		if !said {
-			log.Info("kubeapi: another process is building the control plane; waiting for it", "lock", path)
+			log.Info(fmt.Sprintf("kubeapi: another process is building %s; waiting for it", what), "lock", path)
 			said = true
 		}
 		select {

@@ -148,17 +148,17 @@ func TestBuilderError(t *testing.T) {
 func TestLockFileWaits(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "x.lock")
 	log := slog.New(slog.DiscardHandler)
-	unlock, err := lockFile(context.Background(), path, log)
+	unlock, err := lockFile(context.Background(), path, "x", log)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*lockPoll)
 	defer cancel()
-	if _, err := lockFile(ctx, path, log); err == nil {
+	if _, err := lockFile(ctx, path, "x", log); err == nil {
 		t.Fatal("a held lock was taken twice")
 	}
 	unlock()
-	unlock2, err := lockFile(context.Background(), path, log)
+	unlock2, err := lockFile(context.Background(), path, "x", log)
 	if err != nil {
 		t.Fatalf("after unlock: %v", err)
 	}
@@ -177,23 +177,23 @@ func TestCacheKey(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	k1, err := cacheKey(dir, "go1.26.8")
+	k1, err := cacheKey(dir, kubeKeyFiles, "go1.26.8", buildRecipe)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(k1) != 12 {
 		t.Errorf("key %q, want 12 hex digits", k1)
 	}
-	if k2, _ := cacheKey(dir, "go1.26.8"); k2 != k1 {
+	if k2, _ := cacheKey(dir, kubeKeyFiles, "go1.26.8", buildRecipe); k2 != k1 {
 		t.Errorf("same input, keys %s and %s", k1, k2)
 	}
-	if k2, _ := cacheKey(dir, "go1.27.0"); k2 == k1 {
+	if k2, _ := cacheKey(dir, kubeKeyFiles, "go1.27.0", buildRecipe); k2 == k1 {
 		t.Error("another Go version gave the same key")
 	}
 	if err := os.WriteFile(filepath.Join(dir, "go.sum"), []byte("b\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if k2, _ := cacheKey(dir, "go1.26.8"); k2 == k1 {
+	if k2, _ := cacheKey(dir, kubeKeyFiles, "go1.26.8", buildRecipe); k2 == k1 {
 		t.Error("another go.sum gave the same key")
 	}
 }

@@ -10,20 +10,16 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
-	corev1 "k8s.io/api/core/v1"
 
-	"github.com/google/go-containerregistry/pkg/name"
-	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/weft-net/weft/e2e"
 	"github.com/weft-net/weft/e2e/conformance"
-	"github.com/weft-net/weft/e2e/kubeapi"
+	"github.com/weft-net/weft/internal/ociimage"
 )
 
 // The upstream conformance run (make conformance) and the command run
@@ -224,43 +220,11 @@ func clusterWithWeft(t *testing.T, ctx context.Context, run *e2e.Run, images []s
 			t.Fatalf("%v: run `make image` (both images) first", err)
 		}
 	}
-	c, err := New(ctx, run, Options{Images: images})
-	t.Cleanup(func() {
-		if c != nil {
-			t.Logf("kubenodes phases:\n%s", c.PhaseTable())
-			if t.Failed() {
-				c.Diagnose(ctx, t.Logf)
-			}
-		}
-	})
+	c, err := newCluster(ctx, t, run, Options{Images: images})
 	if err != nil {
 		t.Fatal(err)
 	}
-	root, err := kubeapi.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	step(t, c, "kubectl apply -k e2e/kubenodes/overlay", func() error {
-		_, err := c.API.Kubectl(ctx, "apply", "-k", filepath.Join(root, "e2e", "kubenodes", "overlay"))
-		return err
-	})
-	step(t, c, "weft Ready on every node, nodes Ready", func() error {
-		return poll(ctx, 4*time.Minute, "weft Ready on every node and every node Ready", func() (bool, string) {
-			pods, err := weftPods(ctx, c)
-			if err != nil {
-				return false, err.Error()
-			}
-			var state []string
-			for _, n := range c.Nodes {
-				if p := pods[n.Name]; p == nil || !podReady(p) {
-					state = append(state, n.Name+": router not ready")
-				} else if st := nodeReady(ctx, c, n.Name); st.Status != corev1.ConditionTrue {
-					state = append(state, n.Name+": node "+string(st.Status)+" "+st.Message)
-				}
-			}
-			return len(state) == 0, strings.Join(state, "; ")
-		})
-	})
+	deployWeft(ctx, t, c)
 	// The control plane reaches pods as from a node: in a cluster the API
 	// server runs on a node with weft (the proxy subresource, webhooks and
 	// the suite's Proxy specs dial pod addresses from it); here it runs in
@@ -331,13 +295,5 @@ func retag(in, out string, tags []string) error {
 	if err != nil {
 		return fmt.Errorf("reading %s: %w", in, err)
 	}
-	refs := map[name.Reference]v1.Image{}
-	for _, t := range tags {
-		tag, err := name.NewTag(t)
-		if err != nil {
-			return fmt.Errorf("tag %q: %w", t, err)
-		}
-		refs[tag] = img
-	}
-	return tarball.MultiRefWriteToFile(out, refs)
+	return ociimage.WriteTarball(out, img, tags)
 }

@@ -53,15 +53,7 @@ func TestKubeNodes(t *testing.T) {
 	}
 	// No Loopback: the nodes have no CNI loopback plugin until the
 	// DaemonSet's weft install-cni puts it there, as on a bare node.
-	c, err := New(ctx, run, Options{Images: append(images, probe)})
-	t.Cleanup(func() {
-		if c != nil {
-			t.Logf("kubenodes phases:\n%s", c.PhaseTable())
-			if t.Failed() {
-				c.Diagnose(ctx, t.Logf)
-			}
-		}
-	})
+	c, err := newCluster(ctx, t, run, Options{Images: append(images, probe)})
 	skipOnHostFeature(t, err)
 	if err != nil {
 		t.Fatal(err)
@@ -76,37 +68,7 @@ func TestKubeNodes(t *testing.T) {
 	}
 
 	// weft, as a user installs it.
-	root, err := kubeapi.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	step(t, c, "kubectl apply -k e2e/kubenodes/overlay (deploy/ + API address)", func() error {
-		_, err := c.API.Kubectl(ctx, "apply", "-k", filepath.Join(root, "e2e", "kubenodes", "overlay"))
-		return err
-	})
-	step(t, c, "DaemonSet Running and Ready on every node, nodes Ready", func() error {
-		return poll(ctx, 4*time.Minute, "weft Running and Ready on every node and every node Ready", func() (bool, string) {
-			pods, err := weftPods(ctx, c)
-			if err != nil {
-				return false, err.Error()
-			}
-			var state []string
-			ok := len(pods) == len(c.Nodes)
-			for _, n := range c.Nodes {
-				p := pods[n.Name]
-				if p == nil || !podReady(p) {
-					ok = false
-					state = append(state, n.Name+": router pod not ready")
-					continue
-				}
-				if st := nodeReady(ctx, c, n.Name); st.Status != corev1.ConditionTrue {
-					ok = false
-					state = append(state, n.Name+": node "+string(st.Status)+" "+st.Message)
-				}
-			}
-			return ok, strings.Join(state, "; ")
-		})
-	})
+	deployWeft(ctx, t, c)
 	// Each node turned Ready only once its router ran: not before the
 	// router container started (the kubelet reports Ready when the CNI
 	// config the router writes once ready is there).
@@ -808,4 +770,58 @@ func probeDeployment(replicas int32) *appsv1.Deployment {
 			},
 		},
 	}
+}
+
+// newCluster is New, with the cluster's phase table logged when the test
+// ends and its diagnosis when the test failed.
+func newCluster(ctx context.Context, t *testing.T, run *e2e.Run, opts Options) (*Cluster, error) {
+	t.Helper()
+	c, err := New(ctx, run, opts)
+	t.Cleanup(func() {
+		if c != nil {
+			t.Logf("kubenodes phases:\n%s", c.PhaseTable())
+			if t.Failed() {
+				c.Diagnose(ctx, t.Logf)
+			}
+		}
+	})
+	return c, err
+}
+
+// deployWeft applies e2e/kubenodes/overlay (deploy/ with the API server's
+// address) as a user installs weft, and waits for the router to be Running
+// and Ready on every node and every node Ready.
+func deployWeft(ctx context.Context, t *testing.T, c *Cluster) {
+	t.Helper()
+	root, err := kubeapi.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	step(t, c, "kubectl apply -k e2e/kubenodes/overlay (deploy/ + API address)", func() error {
+		_, err := c.API.Kubectl(ctx, "apply", "-k", filepath.Join(root, "e2e", "kubenodes", "overlay"))
+		return err
+	})
+	step(t, c, "DaemonSet Running and Ready on every node, nodes Ready", func() error {
+		return poll(ctx, 4*time.Minute, "weft Running and Ready on every node and every node Ready", func() (bool, string) {
+			pods, err := weftPods(ctx, c)
+			if err != nil {
+				return false, err.Error()
+			}
+			var state []string
+			ok := len(pods) == len(c.Nodes)
+			for _, n := range c.Nodes {
+				p := pods[n.Name]
+				if p == nil || !podReady(p) {
+					ok = false
+					state = append(state, n.Name+": router pod not ready")
+					continue
+				}
+				if st := nodeReady(ctx, c, n.Name); st.Status != corev1.ConditionTrue {
+					ok = false
+					state = append(state, n.Name+": node "+string(st.Status)+" "+st.Message)
+				}
+			}
+			return ok, strings.Join(state, "; ")
+		})
+	})
 }

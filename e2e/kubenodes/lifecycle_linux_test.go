@@ -50,15 +50,7 @@ func TestKubeLateAPIUninstall(t *testing.T) {
 		t.Fatal(err)
 	}
 	images := []string{filepath.Join(bin, "weft-image.tar"), filepath.Join(bin, "pause-image.tar"), probe}
-	c, err := New(ctx, run, Options{Nodes: 2, Images: images, KubeProxyLater: true})
-	t.Cleanup(func() {
-		if c != nil {
-			t.Logf("kubenodes phases:\n%s", c.PhaseTable())
-			if t.Failed() {
-				c.Diagnose(ctx, t.Logf)
-			}
-		}
-	})
+	c, err := newCluster(ctx, t, run, Options{Nodes: 2, Images: images, KubeProxyLater: true})
 	skipOnHostFeature(t, err)
 	if err != nil {
 		t.Fatal(err)

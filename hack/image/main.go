@@ -11,11 +11,9 @@
 package main
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
 	"debug/elf"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -34,6 +32,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/weft-net/weft/internal/ociimage"
 )
 
 // binDir is where the binaries sit in the image; the router finds weft-cni
@@ -68,11 +68,7 @@ var pausePrograms = []program{{Name: "pause", Pkg: "./hack/image/pause"}}
 const PauseTag = "registry.k8s.io/pause:3.10"
 
 // File is one regular file of the image.
-type File struct {
-	Path string      // in the image, relative, e.g. usr/bin/weft
-	Mode os.FileMode // permission bits
-	Data []byte
-}
+type File = ociimage.File
 
 // Spec is what goes into the image's config.
 type Spec struct {
@@ -133,7 +129,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	if err := Write(*out, img, tags); err != nil {
+	if err := ociimage.WriteTarball(*out, img, tags); err != nil {
 		return err
 	}
 	digest, err := img.Digest()
@@ -282,7 +278,7 @@ func checkStatic(p string) error {
 // Image puts files into one layer on an empty base and sets the config:
 // entrypoint weft, command router, linux/spec.Arch, every time spec.Created.
 func Image(files []File, spec Spec) (v1.Image, error) {
-	layerTar, err := layerTar(files, spec.Created)
+	layerTar, err := ociimage.LayerTar(files, spec.Created)
 	if err != nil {
 		return nil, err
 	}
@@ -350,81 +346,4 @@ func paths(files []File) []string {
 	}
 	sort.Strings(ps)
 	return ps
-}
-
-// layerTar is an uncompressed tar of files with their parent directories,
-// sorted, owned by root, every mtime t: the same files give the same bytes.
-func layerTar(files []File, t time.Time) ([]byte, error) {
-	dirs := map[string]bool{}
-	for _, f := range files {
-		if f.Path == "" || path.IsAbs(f.Path) || path.Clean(f.Path) != f.Path || strings.HasPrefix(f.Path, "../") {
-			return nil, fmt.Errorf("image file path %q: give a clean relative path such as usr/bin/weft", f.Path)
-		}
-		for d := path.Dir(f.Path); d != "."; d = path.Dir(d) {
-			dirs[d] = true
-		}
-	}
-	type entry struct {
-		hdr  *tar.Header
-		data []byte
-	}
-	var entries []entry
-	for d := range dirs {
-		entries = append(entries, entry{hdr: &tar.Header{Typeflag: tar.TypeDir, Name: d + "/", Mode: 0o755}})
-	}
-	seen := map[string]bool{}
-	for _, f := range files {
-		if seen[f.Path] {
-			return nil, fmt.Errorf("image file %q given twice", f.Path)
-		}
-		seen[f.Path] = true
-		entries = append(entries, entry{hdr: &tar.Header{Typeflag: tar.TypeReg, Name: f.Path, Mode: int64(f.Mode.Perm()), Size: int64(len(f.Data))}, data: f.Data})
-	}
-	sort.Slice(entries, func(i, j int) bool { return entries[i].hdr.Name < entries[j].hdr.Name })
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for _, e := range entries {
-		e.hdr.ModTime = t
-		e.hdr.Format = tar.FormatPAX
-		e.hdr.Uname, e.hdr.Gname = "root", "root"
-		if err := tw.WriteHeader(e.hdr); err != nil {
-			return nil, fmt.Errorf("image layer: %w", err)
-		}
-		if _, err := tw.Write(e.data); err != nil {
-			return nil, fmt.Errorf("image layer: %w", err)
-		}
-	}
-	if err := tw.Close(); err != nil {
-		return nil, fmt.Errorf("image layer: %w", err)
-	}
-	return buf.Bytes(), nil
-}
-
-// Write writes img as a `docker save` tarball with every tag, through a
-// temporary file renamed into place.
-func Write(out string, img v1.Image, tags []string) error {
-	if len(tags) == 0 {
-		return errors.New("the image needs at least one tag")
-	}
-	refs := map[name.Reference]v1.Image{}
-	for _, t := range tags {
-		tag, err := name.NewTag(t)
-		if err != nil {
-			return fmt.Errorf("invalid tag %q: %w", t, err)
-		}
-		refs[tag] = img
-	}
-	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
-		return err
-	}
-	tmp := out + ".tmp"
-	if err := tarball.MultiRefWriteToFile(tmp, refs); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("writing %s: %w", out, err)
-	}
-	if err := os.Rename(tmp, out); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("writing %s: %w", out, err)
-	}
-	return nil
 }

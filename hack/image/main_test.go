@@ -15,6 +15,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/weft-net/weft/internal/ociimage"
 )
 
 func fakeFiles() []File {
@@ -34,7 +36,7 @@ func TestImageTarball(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := filepath.Join(t.TempDir(), "weft-image.tar")
-	if err := Write(out, img, []string{"weft:latest", "weft:v0.1.0"}); err != nil {
+	if err := ociimage.WriteTarball(out, img, []string{"weft:latest", "weft:v0.1.0"}); err != nil {
 		t.Fatal(err)
 	}
 
