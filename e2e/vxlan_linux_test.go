@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -206,13 +205,7 @@ func TestVXLAN(t *testing.T) {
 			t.Errorf("with n2's router dead: %v\n%s", err, vxlanEntries(ctx, n2))
 		}
 	}
-	if err := n2.Router().Restart(); err != nil {
-		t.Fatal(err)
-	}
-	if err := n2.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
-	waitModes(t, ctx, c, "vxlan")
+	restartVXLANRouter(t, ctx, c, n2)
 	f.waitReplies(t, ctx, "the ping to go on after n2's router is back", 40)
 	sent, got := f.stop(t)
 	t.Logf("kill -9 of n2's router: ping %s -> %s every 50 ms: %d sent, %d received, %d lost", f.from, f.to, sent, got, sent-got)
@@ -229,13 +222,7 @@ func TestVXLAN(t *testing.T) {
 	}
 	waitUntil(t, ctx, "n0 and n2 to see n1 leave", seen([]*Node{n0, n2}, n1, "left"))
 	f.waitReplies(t, ctx, "the ping to go on while n1 has no router", 40)
-	if err := n1.Router().Restart(); err != nil {
-		t.Fatal(err)
-	}
-	if err := n1.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
-	waitModes(t, ctx, c, "vxlan")
+	restartVXLANRouter(t, ctx, c, n1)
 	f.waitReplies(t, ctx, "the ping to go on after n1's router is back", 40)
 	sent, got = f.stop(t)
 	t.Logf("SIGTERM of n1's router: ping %s -> %s every 50 ms: %d sent, %d received, %d lost", f.from, f.to, sent, got, sent-got)
@@ -263,6 +250,19 @@ func TestVXLAN(t *testing.T) {
 	if !errors.As(err, new(netlink.LinkNotFoundError)) {
 		t.Errorf("%s after weft reset: %v\n%s", vxlanDev, err, vxlanEntries(ctx, n2))
 	}
+}
+
+// restartVXLANRouter starts n's router again and waits until it is ready
+// and every node sends to every other with vxlan again.
+func restartVXLANRouter(t *testing.T, ctx context.Context, c *Cluster, n *Node) {
+	t.Helper()
+	if err := n.Router().Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitModes(t, ctx, c, "vxlan")
 }
 
 // TestVXLANPassword: a router with a password and --encap vxlan but no
@@ -310,19 +310,6 @@ func vxlanFrame(vni uint32, dst, src [6]byte, inner []byte) []byte {
 	return append(b, inner...)
 }
 
-// sendUDPFrom sends payload from namespace ns to dst over a UDP socket.
-func sendUDPFrom(ns *Netns, dst netip.AddrPort, payload []byte) error {
-	return ns.Do(func() error {
-		c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(dst))
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		_, err = c.Write(payload)
-		return err
-	})
-}
-
 // TestVXLANFromNonPeer is the attacker's side of vxlan: a host on the
 // underlay that is no peer sends well-formed VXLAN packets to a node's
 // port 4789, with an inner packet from a pod of another node to a pod of
@@ -356,7 +343,7 @@ func TestVXLANFromNonPeer(t *testing.T) {
 	}
 	marker := newMarker("forged")
 	for i := range 3 {
-		if err := sendUDPFrom(evil.NS, to, packet(markerDatagram(marker, i+1))); err != nil {
+		if err := sendUDP(evil.NS, to, packet(markerDatagram(marker, i+1))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -364,5 +351,5 @@ func TestVXLANFromNonPeer(t *testing.T) {
 	defer cancel()
 	waitGrown(t, wctx, "n0's guard to drop VXLAN from a non-peer", func() (map[string]float64, error) { return guardDrops(wctx, n0) },
 		before, map[string]float64{"vxlan-non-peer": 3})
-	expectControl(t, ctx, func(payload []byte) error { return sendUDPFrom(n1.NS, to, packet(payload)) }, sink, target)
+	expectControl(t, ctx, func(payload []byte) error { return sendUDP(n1.NS, to, packet(payload)) }, sink, target)
 }
