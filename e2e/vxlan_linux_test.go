@@ -353,3 +353,73 @@ func TestVXLANFromNonPeer(t *testing.T) {
 		before, map[string]float64{"vxlan-non-peer": 3})
 	expectControl(t, ctx, func(payload []byte) error { return sendUDP(n1.NS, to, packet(payload)) }, sink, target)
 }
+
+// TestVXLANFromUntrustedPeer: with a password, VXLAN is taken only from
+// the peers inside --trusted-subnets. n2 is a peer outside them (n0 talks
+// to it sealed, or not at all, never plaintext), so well-formed VXLAN
+// from n2's underlay address, as someone who spoofs it would send, is
+// dropped (vxlan-non-peer) and the pod gets nothing; the same packet from
+// n1, inside the trusted subnets, arrives (the control).
+func TestVXLANFromUntrustedPeer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("e2e: skipped in -short mode")
+	}
+	run := NewTestRun(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	c, err := run.NewCluster(ctx, ClusterOpts{Nodes: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n0, n1, n2 := c.Nodes[0], c.Nodes[1], c.Nodes[2]
+	pw := writePassword(t, "pw", "a shared secret for the untrusted vxlan peer test")
+	var all []string
+	for _, n := range c.Nodes {
+		all = append(all, n.UnderlayIP.String())
+	}
+	trusted := n0.UnderlayIP.String() + "/32," + n1.UnderlayIP.String() + "/32"
+	for _, n := range c.Nodes {
+		if _, err := n.StartRouter("--peers", strings.Join(all, ","), "--encap", "vxlan", "--password-file", pw, "--trusted-subnets", trusted); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, n := range []*Node{n0, n1} {
+		if err := n.WaitReady(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitUntil(t, ctx, "n0 to send vxlan to n1 and know n2 (with no mode)", func() (bool, string) {
+		m, err := dataModes(ctx, n0)
+		mode2, known2 := m[n2.PeerName]
+		return err == nil && m[n1.PeerName] == "vxlan" && known2 && mode2 == "", fmt.Sprintf("%v %v", m, err)
+	})
+	target, err := n0.AddPod(ctx, "target")
+	if err != nil {
+		t.Fatal(err)
+	}
+	remote, err := n1.AddPod(ctx, "remote")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := listenUDP(t, target, hostilePort)
+	packet := func(payload []byte) []byte {
+		inner := ipv4UDP(netip.AddrPortFrom(remote.IP, 40000), netip.AddrPortFrom(target.IP, hostilePort), payload)
+		return vxlanFrame(tunnel.DefaultVNI, tunnel.VTEPMAC(n0.PeerName), tunnel.VTEPMAC(n1.PeerName), inner)
+	}
+	to := netip.AddrPortFrom(n0.UnderlayIP, tunnel.DefaultVXLANPort)
+	before, err := guardDrops(ctx, n0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	marker := newMarker("forged")
+	for i := range 3 {
+		if err := sendUDP(n2.NS, to, packet(markerDatagram(marker, i+1))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
+	defer wcancel()
+	waitGrown(t, wctx, "n0's guard to drop VXLAN from a peer outside the trusted subnets", func() (map[string]float64, error) { return guardDrops(wctx, n0) },
+		before, map[string]float64{"vxlan-non-peer": 3})
+	expectControl(t, ctx, func(payload []byte) error { return sendUDP(n1.NS, to, packet(payload)) }, sink, target)
+}
