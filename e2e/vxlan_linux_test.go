@@ -314,7 +314,8 @@ func vxlanFrame(vni uint32, dst, src [6]byte, inner []byte) []byte {
 // underlay that is no peer sends well-formed VXLAN packets to a node's
 // port 4789, with an inner packet from a pod of another node to a pod of
 // this one. The guard drops them (vxlan-non-peer), the pod gets nothing;
-// the same packet from a peer's address (the control) arrives first.
+// the same packet from a peer's address (the control) arrives first. A pod
+// that sends it to a node's VXLAN port is dropped too (pod-to-router).
 func TestVXLANFromNonPeer(t *testing.T) {
 	c, ctx := startMeshCluster(t, 2, "--encap", "vxlan")
 	waitModes(t, ctx, c, "vxlan")
@@ -351,6 +352,21 @@ func TestVXLANFromNonPeer(t *testing.T) {
 	defer cancel()
 	waitGrown(t, wctx, "n0's guard to drop VXLAN from a non-peer", func() (map[string]float64, error) { return guardDrops(wctx, n0) },
 		before, map[string]float64{"vxlan-non-peer": 3})
+
+	// A pod of n1 sends the same packet (its own address inside) to n0's
+	// VXLAN port, and to its own node's: n1 would masquerade the first to
+	// its own underlay address, a peer's, so n1's guard drops both.
+	before1, err := guardDrops(ctx, n1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, dst := range []netip.AddrPort{to, netip.AddrPortFrom(n1.UnderlayIP, tunnel.DefaultVXLANPort)} {
+		if err := sendUDP(remote.NS, dst, packet(markerDatagram(marker, 10+i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitGrown(t, wctx, "n1's guard to drop its pod's VXLAN", func() (map[string]float64, error) { return guardDrops(wctx, n1) },
+		before1, map[string]float64{"pod-to-router": 2})
 	expectControl(t, ctx, func(payload []byte) error { return sendUDP(n1.NS, to, packet(payload)) }, sink, target)
 }
 
