@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -206,13 +205,7 @@ func TestVXLAN(t *testing.T) {
 			t.Errorf("with n2's router dead: %v\n%s", err, vxlanEntries(ctx, n2))
 		}
 	}
-	if err := n2.Router().Restart(); err != nil {
-		t.Fatal(err)
-	}
-	if err := n2.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
-	waitModes(t, ctx, c, "vxlan")
+	restartVXLANRouter(t, ctx, c, n2)
 	f.waitReplies(t, ctx, "the ping to go on after n2's router is back", 40)
 	sent, got := f.stop(t)
 	t.Logf("kill -9 of n2's router: ping %s -> %s every 50 ms: %d sent, %d received, %d lost", f.from, f.to, sent, got, sent-got)
@@ -229,13 +222,7 @@ func TestVXLAN(t *testing.T) {
 	}
 	waitUntil(t, ctx, "n0 and n2 to see n1 leave", seen([]*Node{n0, n2}, n1, "left"))
 	f.waitReplies(t, ctx, "the ping to go on while n1 has no router", 40)
-	if err := n1.Router().Restart(); err != nil {
-		t.Fatal(err)
-	}
-	if err := n1.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
-	waitModes(t, ctx, c, "vxlan")
+	restartVXLANRouter(t, ctx, c, n1)
 	f.waitReplies(t, ctx, "the ping to go on after n1's router is back", 40)
 	sent, got = f.stop(t)
 	t.Logf("SIGTERM of n1's router: ping %s -> %s every 50 ms: %d sent, %d received, %d lost", f.from, f.to, sent, got, sent-got)
@@ -263,6 +250,19 @@ func TestVXLAN(t *testing.T) {
 	if !errors.As(err, new(netlink.LinkNotFoundError)) {
 		t.Errorf("%s after weft reset: %v\n%s", vxlanDev, err, vxlanEntries(ctx, n2))
 	}
+}
+
+// restartVXLANRouter starts n's router again and waits until it is ready
+// and every node sends to every other with vxlan again.
+func restartVXLANRouter(t *testing.T, ctx context.Context, c *Cluster, n *Node) {
+	t.Helper()
+	if err := n.Router().Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitModes(t, ctx, c, "vxlan")
 }
 
 // TestVXLANPassword: a router with a password and --encap vxlan but no
@@ -310,24 +310,12 @@ func vxlanFrame(vni uint32, dst, src [6]byte, inner []byte) []byte {
 	return append(b, inner...)
 }
 
-// sendUDPFrom sends payload from namespace ns to dst over a UDP socket.
-func sendUDPFrom(ns *Netns, dst netip.AddrPort, payload []byte) error {
-	return ns.Do(func() error {
-		c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(dst))
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		_, err = c.Write(payload)
-		return err
-	})
-}
-
 // TestVXLANFromNonPeer is the attacker's side of vxlan: a host on the
 // underlay that is no peer sends well-formed VXLAN packets to a node's
 // port 4789, with an inner packet from a pod of another node to a pod of
 // this one. The guard drops them (vxlan-non-peer), the pod gets nothing;
-// the same packet from a peer's address (the control) arrives first.
+// the same packet from a peer's address (the control) arrives first. A pod
+// that sends it to a node's VXLAN port is dropped too (pod-to-router).
 func TestVXLANFromNonPeer(t *testing.T) {
 	c, ctx := startMeshCluster(t, 2, "--encap", "vxlan")
 	waitModes(t, ctx, c, "vxlan")
@@ -356,7 +344,7 @@ func TestVXLANFromNonPeer(t *testing.T) {
 	}
 	marker := newMarker("forged")
 	for i := range 3 {
-		if err := sendUDPFrom(evil.NS, to, packet(markerDatagram(marker, i+1))); err != nil {
+		if err := sendUDP(evil.NS, to, packet(markerDatagram(marker, i+1))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -364,5 +352,90 @@ func TestVXLANFromNonPeer(t *testing.T) {
 	defer cancel()
 	waitGrown(t, wctx, "n0's guard to drop VXLAN from a non-peer", func() (map[string]float64, error) { return guardDrops(wctx, n0) },
 		before, map[string]float64{"vxlan-non-peer": 3})
-	expectControl(t, ctx, func(payload []byte) error { return sendUDPFrom(n1.NS, to, packet(payload)) }, sink, target)
+
+	// A pod of n1 sends the same packet (its own address inside) to n0's
+	// VXLAN port, and to its own node's: n1 would masquerade the first to
+	// its own underlay address, a peer's, so n1's guard drops both.
+	before1, err := guardDrops(ctx, n1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, dst := range []netip.AddrPort{to, netip.AddrPortFrom(n1.UnderlayIP, tunnel.DefaultVXLANPort)} {
+		if err := sendUDP(remote.NS, dst, packet(markerDatagram(marker, 10+i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitGrown(t, wctx, "n1's guard to drop its pod's VXLAN", func() (map[string]float64, error) { return guardDrops(wctx, n1) },
+		before1, map[string]float64{"pod-to-router": 2})
+	expectControl(t, ctx, func(payload []byte) error { return sendUDP(n1.NS, to, packet(payload)) }, sink, target)
+}
+
+// TestVXLANFromUntrustedPeer: with a password, VXLAN is taken only from
+// the peers inside --trusted-subnets. n2 is a peer outside them (n0 talks
+// to it sealed, or not at all, never plaintext), so well-formed VXLAN
+// from n2's underlay address, as someone who spoofs it would send, is
+// dropped (vxlan-non-peer) and the pod gets nothing; the same packet from
+// n1, inside the trusted subnets, arrives (the control).
+func TestVXLANFromUntrustedPeer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("e2e: skipped in -short mode")
+	}
+	run := NewTestRun(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	c, err := run.NewCluster(ctx, ClusterOpts{Nodes: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n0, n1, n2 := c.Nodes[0], c.Nodes[1], c.Nodes[2]
+	pw := writePassword(t, "pw", "a shared secret for the untrusted vxlan peer test")
+	var all []string
+	for _, n := range c.Nodes {
+		all = append(all, n.UnderlayIP.String())
+	}
+	trusted := n0.UnderlayIP.String() + "/32," + n1.UnderlayIP.String() + "/32"
+	for _, n := range c.Nodes {
+		if _, err := n.StartRouter("--peers", strings.Join(all, ","), "--encap", "vxlan", "--password-file", pw, "--trusted-subnets", trusted); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, n := range []*Node{n0, n1} {
+		if err := n.WaitReady(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitUntil(t, ctx, "n0 to send vxlan to n1 and know n2 (with no mode)", func() (bool, string) {
+		m, err := dataModes(ctx, n0)
+		mode2, known2 := m[n2.PeerName]
+		return err == nil && m[n1.PeerName] == "vxlan" && known2 && mode2 == "", fmt.Sprintf("%v %v", m, err)
+	})
+	target, err := n0.AddPod(ctx, "target")
+	if err != nil {
+		t.Fatal(err)
+	}
+	remote, err := n1.AddPod(ctx, "remote")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := listenUDP(t, target, hostilePort)
+	packet := func(payload []byte) []byte {
+		inner := ipv4UDP(netip.AddrPortFrom(remote.IP, 40000), netip.AddrPortFrom(target.IP, hostilePort), payload)
+		return vxlanFrame(tunnel.DefaultVNI, tunnel.VTEPMAC(n0.PeerName), tunnel.VTEPMAC(n1.PeerName), inner)
+	}
+	to := netip.AddrPortFrom(n0.UnderlayIP, tunnel.DefaultVXLANPort)
+	before, err := guardDrops(ctx, n0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	marker := newMarker("forged")
+	for i := range 3 {
+		if err := sendUDP(n2.NS, to, packet(markerDatagram(marker, i+1))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
+	defer wcancel()
+	waitGrown(t, wctx, "n0's guard to drop VXLAN from a peer outside the trusted subnets", func() (map[string]float64, error) { return guardDrops(wctx, n0) },
+		before, map[string]float64{"vxlan-non-peer": 3})
+	expectControl(t, ctx, func(payload []byte) error { return sendUDP(n1.NS, to, packet(payload)) }, sink, target)
 }

@@ -359,17 +359,30 @@ func (r *Router) syncGuard() {
 	}
 }
 
-// syncGuardPeers makes the guard's peers set the underlay addresses of
-// peers (IPIP is accepted from them only), when they changed or force.
-func (r *Router) syncGuardPeers(peers []tunnel.Peer, force bool) {
+// guardPeerAddrs is the guard's peers set, the underlay addresses that
+// IPIP and VXLAN are accepted from: every peer's, or, with a password,
+// only those inside the trusted subnets. Neither is sealed, so a peer
+// outside them talks to this node over the sealed udp tunnel only, and
+// plaintext "from" its address is someone who spoofs it.
+func guardPeerAddrs(peers []tunnel.Peer, password bool, trusted []netip.Prefix) []netip.Addr {
 	var addrs []netip.Addr
 	for _, p := range peers {
-		if p.Underlay.Is4() {
-			addrs = append(addrs, p.Underlay)
+		if !p.Underlay.Is4() {
+			continue
 		}
+		if password && !slices.ContainsFunc(trusted, func(t netip.Prefix) bool { return t.Contains(p.Underlay) }) {
+			continue
+		}
+		addrs = append(addrs, p.Underlay)
 	}
 	slices.SortFunc(addrs, netip.Addr.Compare)
-	addrs = slices.Compact(addrs)
+	return slices.Compact(addrs)
+}
+
+// syncGuardPeers makes the guard's peers set guardPeerAddrs of peers, when
+// they changed or force.
+func (r *Router) syncGuardPeers(peers []tunnel.Peer, force bool) {
+	addrs := guardPeerAddrs(peers, r.cfg.Secret != nil, r.cfg.TrustedPrefixes)
 	g := &r.guard
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -8,6 +8,7 @@ import (
 	"github.com/weft-net/weft/bridge"
 	"github.com/weft-net/weft/cni"
 	"github.com/weft-net/weft/ipalloc"
+	"github.com/weft-net/weft/tunnel"
 )
 
 // TestPodSources: the guard lets each pod attachment send from its own
@@ -36,5 +37,36 @@ func TestPodSources(t *testing.T) {
 	}
 	if len(reclaimed) != 1 || !reclaimed[netip.MustParseAddr("10.32.0.9")] {
 		t.Errorf("reclaimed %v, want 10.32.0.9", reclaimed)
+	}
+}
+
+// TestGuardPeerAddrs: IPIP and VXLAN (unsealed) are accepted from every
+// peer without a password; with one, only from the peers inside the
+// trusted subnets: a peer outside them sends sealed udp only, so plaintext
+// from its address is forged.
+func TestGuardPeerAddrs(t *testing.T) {
+	a := netip.MustParseAddr
+	peers := []tunnel.Peer{
+		{Name: "b", Underlay: a("192.0.2.2")},
+		{Name: "c", Underlay: a("198.51.100.3")},
+		{Name: "b2", Underlay: a("192.0.2.2")}, // the same host: once
+		{Name: "v6", Underlay: a("fd00::1")},
+		{Name: "none"},
+	}
+	trusted := []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}
+	for _, tc := range []struct {
+		name     string
+		password bool
+		trusted  []netip.Prefix
+		want     []netip.Addr
+	}{
+		{"no password", false, nil, []netip.Addr{a("192.0.2.2"), a("198.51.100.3")}},
+		{"no password, trusted subnets", false, trusted, []netip.Addr{a("192.0.2.2"), a("198.51.100.3")}},
+		{"password, trusted subnets", true, trusted, []netip.Addr{a("192.0.2.2")}},
+		{"password, no trusted subnets", true, nil, nil},
+	} {
+		if got := guardPeerAddrs(peers, tc.password, tc.trusted); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: guardPeerAddrs = %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }

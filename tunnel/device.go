@@ -128,6 +128,10 @@ type Device struct {
 	tunSrc  netip.Addr  // the address SetSourceAddr last gave the TUN device
 	vtep    *VTEP       // this node's end of vxlan; nil: no vxlan
 	vteps   VTEPApplier // the VXLAN device's neighbours and FDB
+	// vtepsDone is the entries applyVTEPsLocked last made the device
+	// hold, valid while vtepsOK (false after a failure: redo).
+	vtepsDone []VTEPEntry
+	vtepsOK   bool
 
 	maxInner [numWireModes]int // largest inner packet per mode
 	bufSize  int               // receive buffers: the largest datagram we accept
@@ -357,7 +361,7 @@ func (d *Device) Settle() error {
 		return nil
 	}
 	d.log.Info("vxlan: the mesh has settled; entries of peers that are gone are removed from now on", "device", d.cfg.VXLANName)
-	err := d.applyVTEPsLocked()
+	err := d.applyVTEPsLocked(true)
 	if d.ringOK {
 		err = errors.Join(err, d.applyRoutesLocked())
 	}
@@ -452,7 +456,7 @@ func (d *Device) SetPeers(peers []Peer) error {
 	d.snap.Store(next)
 	var err error
 	if d.vtep != nil {
-		err = d.applyVTEPsLocked()
+		err = d.applyVTEPsLocked(false)
 	}
 	if (d.kernel || d.vtep != nil) && d.ringOK && routeTargetsDiffer(old, next) {
 		err = errors.Join(err, d.applyRoutesLocked())
@@ -557,7 +561,9 @@ func (d *Device) buildLocked(routes *Table) *snapshot {
 // the routes. Packets are forwarded by it from now on, and the kernel
 // routes of the ranges other peers own are reconciled: added, moved and
 // withdrawn (and, on the first call, stale routes from an earlier run
-// removed).
+// removed). In the vxlan mode the device's neighbours and FDB entries
+// are checked against the kernel too (and repaired), before the routes
+// via them: the router calls SetRing on every ring change and resync.
 func (d *Device) SetRing(ranges []OwnedRange, src netip.Addr) error {
 	t, err := NewTable(ranges)
 	if err != nil {
@@ -569,7 +575,10 @@ func (d *Device) SetRing(ranges []OwnedRange, src netip.Addr) error {
 	next := *d.snap.Load()
 	next.routes = t
 	d.snap.Store(&next)
-	return d.applyRoutesLocked()
+	if d.vtep != nil {
+		err = d.applyVTEPsLocked(true)
+	}
+	return errors.Join(err, d.applyRoutesLocked())
 }
 
 // WantedRoutes is the kernel routes the current ring and peers call for.
@@ -653,11 +662,19 @@ type sourceSetter interface {
 
 // applyVTEPsLocked makes the VXLAN device's neighbours and FDB entries
 // those of the peers sent to with vxlan (while held, it only adds).
-func (d *Device) applyVTEPsLocked() error {
+// Unless check, it does nothing when they are the entries it applied
+// last: SetPeers runs on every mesh event, and reading the device's
+// neighbours and FDB back each time is work for nothing; the resync
+// (SetRing, Settle) checks, and repairs what changed behind weft's back.
+func (d *Device) applyVTEPsLocked(check bool) error {
 	if d.vteps == nil {
 		return nil
 	}
 	want, _ := vtepEntries(d.snap.Load().peers)
+	if !check && d.vtepsOK && slices.Equal(want, d.vtepsDone) {
+		return nil
+	}
+	d.vtepsOK = false
 	added, removed, err := d.vteps.Apply(want, d.held)
 	for _, e := range added {
 		d.log.Info("vxlan entry added", "entry", e.String())
@@ -668,6 +685,7 @@ func (d *Device) applyVTEPsLocked() error {
 	if err != nil {
 		return fmt.Errorf("reconciling the vxlan entries: %w", err)
 	}
+	d.vtepsDone, d.vtepsOK = want, true
 	return nil
 }
 

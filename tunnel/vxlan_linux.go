@@ -107,22 +107,7 @@ func vxlanIncompatible(l netlink.Link, want VXLANLink) string {
 // thread's network namespace, if there is one and it is a VXLAN device
 // (weft reset; and a start in another mode). Its routes, neighbours and
 // FDB entries go with it.
-func RemoveKernelVXLAN(name string) error {
-	l, err := netlink.LinkByName(name)
-	if err != nil {
-		if errors.As(err, new(netlink.LinkNotFoundError)) {
-			return nil
-		}
-		return fmt.Errorf("looking up %s: %w", name, err)
-	}
-	if _, ok := l.(*netlink.Vxlan); !ok {
-		return nil // not ours
-	}
-	if err := netlink.LinkDel(l); err != nil {
-		return fmt.Errorf("removing %s: %w", name, err)
-	}
-	return nil
-}
+func RemoveKernelVXLAN(name string) error { return removeLink[*netlink.Vxlan](name) }
 
 // NetlinkVTEPs keeps the neighbours and FDB entries of the VXLAN device
 // through a netlink handle. Only permanent entries are weft's: the

@@ -13,8 +13,9 @@ import (
 
 // fakeVTEPs is a VTEPApplier over a map, with DiffVTEPs as the kernel's.
 type fakeVTEPs struct {
-	mu   sync.Mutex
-	have []VTEPEntry
+	mu      sync.Mutex
+	have    []VTEPEntry
+	applies int // calls of Apply: each reads the device back
 }
 
 func (f *fakeVTEPs) Apply(want []VTEPEntry, keep bool) (added, removed []VTEPEntry, err error) {
@@ -23,6 +24,7 @@ func (f *fakeVTEPs) Apply(want []VTEPEntry, keep bool) (added, removed []VTEPEnt
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.applies++
 	add, del := DiffVTEPs(want, f.have)
 	if keep {
 		del = nil
@@ -165,6 +167,62 @@ func TestVXLANPeerErrors(t *testing.T) {
 		case ok && (c.Mode != "" || !strings.Contains(c.Error, w)):
 			t.Errorf("%s: mode %q, error %q; want none, and an error with %q", c.Peer, c.Mode, c.Error, w)
 		}
+	}
+}
+
+func (f *fakeVTEPs) calls() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.applies
+}
+
+// drop takes e out of the device, as an operator's "bridge fdb del"
+// would, behind weft's back.
+func (f *fakeVTEPs) drop(e VTEPEntry) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.have = slices.DeleteFunc(f.have, func(h VTEPEntry) bool { return h == e })
+}
+
+// TestVXLANEntriesAppliedOnChange: SetPeers (every mesh event) reads the
+// device's entries back only when the wanted ones changed; SetRing (the
+// resync) always does, and repairs an entry removed behind weft's back.
+func TestVXLANEntriesAppliedOnChange(t *testing.T) {
+	d, v, _ := newVXLANNode(t, "a", nil, nil)
+	peers := []Peer{vtepPeer("b"), vtepPeer("c")}
+	if err := d.SetPeers(peers); err != nil {
+		t.Fatal(err)
+	}
+	n := v.calls()
+	for range 3 {
+		if err := d.SetPeers(peers); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := v.calls(); got != n {
+		t.Errorf("SetPeers with the same peers applied the entries %d more times, want none", got-n)
+	}
+	if err := d.SetPeers(peers[:1]); err != nil {
+		t.Fatal(err)
+	}
+	if got := v.calls(); got != n+1 {
+		t.Errorf("SetPeers with c gone applied the entries %d times, want once", got-n)
+	}
+	if err := d.Settle(); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := v.entries(), []VTEPEntry{entryOf("b")}; !slices.Equal(got, want) {
+		t.Fatalf("entries after Settle = %v, want %v", got, want)
+	}
+	v.drop(entryOf("b"))
+	if err := d.SetPeers(peers[:1]); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetRing(ring, gatewayOf("a")); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := v.entries(), []VTEPEntry{entryOf("b")}; !slices.Equal(got, want) {
+		t.Errorf("entries after SetRing = %v, want %v (the resync repairs)", got, want)
 	}
 }
 
