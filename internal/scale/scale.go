@@ -310,8 +310,28 @@ func storeMax(m *atomic.Uint64, v uint64) {
 	}
 }
 
+// saved is n's ring as its Service last saved and published it (what it
+// offers in a push-pull), read without a step of its busy owner loop; nil
+// if unreadable. The polls below look at it first and ask the owner loops
+// only once it says yes.
+func (n *Node) saved() *ipalloc.Ring {
+	m, err := ipalloc.DecodeMsg(n.Svc.LocalState())
+	if err != nil {
+		return nil
+	}
+	if rm, ok := m.(*ipalloc.RingMsg); ok {
+		return rm.Ring
+	}
+	return nil
+}
+
 // Claimed reports whether every node's allocator has a claimed ring.
 func Claimed(nodes []*Node) bool {
+	for _, n := range nodes {
+		if r := n.saved(); r == nil || r.Empty() {
+			return false
+		}
+	}
 	for _, n := range nodes {
 		if !n.Svc.Status().Claimed {
 			return false
@@ -325,6 +345,12 @@ func Claimed(nodes []*Node) bool {
 func OneRing(nodes []*Node) (bool, int) {
 	if len(nodes) == 0 {
 		return true, 0
+	}
+	saved := nodes[0].saved()
+	for _, n := range nodes {
+		if r := n.saved(); saved == nil || r == nil || !r.Equal(saved) {
+			return false, 0
+		}
 	}
 	first := nodes[0].Svc.Ring()
 	for _, n := range nodes[1:] {
