@@ -15,6 +15,7 @@ import (
 	"github.com/hashicorp/memberlist"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/weft-net/weft/internal/ipammesh"
 	"github.com/weft-net/weft/mesh"
 )
 
@@ -210,8 +211,8 @@ func (n *Node) components() []component {
 			},
 			within: meshStopWithin,
 		},
-		{name: "allocator", run: func(ctx context.Context) error { r.ipam.Run(ctx, meshTransport{ch: r.ipamCh}); return nil }},
-		{name: "mesh members", run: func(ctx context.Context) error { r.routineMembers(ctx); return nil }},
+		{name: "allocator", run: func(ctx context.Context) error { r.ipam.Run(ctx, ipammesh.Transport{Ch: r.ipamCh}); return nil }},
+		{name: "mesh members", run: func(ctx context.Context) error { ipammesh.RunMembers(ctx, r.mesh, r.ipam); return nil }},
 		{name: "data plane sync", run: func(ctx context.Context) error { r.routineDataplane(ctx); return nil }},
 	}
 	if r.kube != nil {

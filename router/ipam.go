@@ -6,12 +6,13 @@ import (
 	"net/netip"
 	"strings"
 
+	"github.com/weft-net/weft/internal/ipammesh"
 	"github.com/weft-net/weft/ipalloc"
 	"github.com/weft-net/weft/mesh"
 )
 
 // IPAMChannel is the mesh channel the allocators talk on.
-const IPAMChannel = "ipam"
+const IPAMChannel = ipammesh.Channel
 
 // openIPAM loads the allocator with the first-claim mode of --ipalloc-init.
 // consensus without =N expects the peers of --peers (other than this node)
@@ -73,58 +74,6 @@ func (r *Router) otherTargets() []string {
 		out = append(out, p)
 	}
 	return out
-}
-
-// ipamGossiper plugs the allocator's gossip adapter (ipalloc.Gossip: the
-// versioned push-pull frame, a queue for the owner loop) into the mesh.
-type ipamGossiper struct{ r *Router }
-
-func (g ipamGossiper) OnBroadcast(from mesh.PeerName, data []byte) ([]byte, error) {
-	return nil, g.r.gossip.OnBroadcast(ipalloc.PeerName(from), data)
-}
-
-func (g ipamGossiper) OnUnicast(from mesh.PeerName, data []byte) error {
-	return g.r.gossip.OnUnicast(ipalloc.PeerName(from), data)
-}
-
-func (g ipamGossiper) LocalState() []byte { return g.r.gossip.LocalState() }
-
-func (g ipamGossiper) MergeRemoteState(data []byte) error { return g.r.gossip.MergeRemoteState(data) }
-
-// meshTransport sends the allocator's messages on its channel.
-type meshTransport struct{ ch *mesh.Channel }
-
-func (t meshTransport) Broadcast(data []byte) error { return t.ch.Broadcast(data) }
-func (t meshTransport) SendTo(p ipalloc.PeerName, data []byte) error {
-	return t.ch.SendTo(mesh.PeerName(p), data)
-}
-
-// routineMembers tells the allocator about every peer the mesh sees join.
-func (r *Router) routineMembers(ctx context.Context) {
-	events, cancel := r.mesh.Subscribe(64)
-	defer cancel()
-	for _, p := range r.mesh.Peers() {
-		if !p.Self {
-			r.ipam.AddPeer(ipalloc.PeerName(p.Name))
-		}
-	}
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case ev, ok := <-events:
-			if !ok {
-				return
-			}
-			if ev.Kind == mesh.EventJoined || ev.Kind == mesh.EventRejoined || ev.Dropped > 0 {
-				for _, p := range r.mesh.Peers() {
-					if !p.Self {
-						r.ipam.AddPeer(ipalloc.PeerName(p.Name))
-					}
-				}
-			}
-		}
-	}
 }
 
 // resolvePeer turns an rmpeer argument (name or nickname) into a peer name.

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/weft-net/weft/internal/ipammesh"
 	"github.com/weft-net/weft/ipalloc"
 	"github.com/weft-net/weft/mesh"
 	"github.com/weft-net/weft/tunnel"
@@ -64,7 +65,7 @@ func (r *Router) newMesh() error {
 	if err != nil {
 		return err
 	}
-	if r.ipamCh, err = m.Channel(IPAMChannel, ipamGossiper{r: r}); err != nil {
+	if r.ipamCh, err = m.Channel(IPAMChannel, ipammesh.Gossiper{G: r.gossip}); err != nil {
 		m.Close()
 		return err
 	}

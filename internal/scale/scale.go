@@ -12,9 +12,9 @@
 //
 // What a router has beside, and a node here has not: the tunnel, the
 // bridge, the local API and status servers, the Kubernetes watch, and the
-// tunnel's record in the mesh metadata (about 60 bytes a peer). The router's
-// two adapters (ipamGossiper, meshTransport) are unexported, so this package
-// has its own copies of them, one line per method.
+// tunnel's record in the mesh metadata (about 60 bytes a peer). The glue
+// between the allocator and the mesh is the router's own (internal/ipammesh),
+// wrapped here only to measure what passes.
 package scale
 
 import (
@@ -29,14 +29,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/weft-net/weft/internal/ipammesh"
 	"github.com/weft-net/weft/ipalloc"
 	"github.com/weft-net/weft/mesh"
 	"github.com/weft-net/weft/mesh/meshtest"
 	"github.com/weft-net/weft/state"
 )
-
-// IPAMChannel is the router's channel of the allocators (router.IPAMChannel).
-const IPAMChannel = "ipam"
 
 // Config configures a Cluster.
 type Config struct {
@@ -176,7 +174,7 @@ func (c *Cluster) Add(ctx context.Context, init ipalloc.Init, peers []string) (_
 		n.Lossy.Shutdown()
 		return nil, err
 	}
-	if n.ch, err = n.Mesh.Channel(IPAMChannel, gossiper{n}); err != nil {
+	if n.ch, err = n.Mesh.Channel(ipammesh.Channel, gossiper{n, ipammesh.Gossiper{G: n.gossip}}); err != nil {
 		return nil, err
 	}
 	// Run: the mesh, the allocator, the mesh members.
@@ -186,40 +184,12 @@ func (c *Cluster) Add(ctx context.Context, init ipalloc.Init, peers []string) (_
 	runCtx, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
 	n.wg.Add(2)
-	go func() { defer n.wg.Done(); n.Svc.Run(runCtx, transport{n}) }()
-	go func() { defer n.wg.Done(); n.routineMembers(runCtx) }()
+	go func() { defer n.wg.Done(); n.Svc.Run(runCtx, transport{n, ipammesh.Transport{Ch: n.ch}}) }()
+	go func() { defer n.wg.Done(); ipammesh.RunMembers(runCtx, n.Mesh, n.Svc) }()
 	c.mu.Lock()
 	c.nodes = append(c.nodes, n)
 	c.mu.Unlock()
 	return n, nil
-}
-
-// routineMembers is the router's: it tells the allocator about every peer
-// the mesh sees join.
-func (n *Node) routineMembers(ctx context.Context) {
-	events, cancel := n.Mesh.Subscribe(64)
-	defer cancel()
-	add := func() {
-		for _, p := range n.Mesh.Peers() {
-			if !p.Self {
-				n.Svc.AddPeer(ipalloc.PeerName(p.Name))
-			}
-		}
-	}
-	add()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case ev, ok := <-events:
-			if !ok {
-				return
-			}
-			if ev.Kind == mesh.EventJoined || ev.Kind == mesh.EventRejoined || ev.Dropped > 0 {
-				add()
-			}
-		}
-	}
 }
 
 func (n *Node) close() {
@@ -257,27 +227,30 @@ func (c *Cluster) BytesSent() uint64 {
 	return b
 }
 
-// gossiper is the router's ipamGossiper: the adapter on the mesh channel,
-// here also measuring what passes.
-type gossiper struct{ n *Node }
+// gossiper is the router's gossiper on the mesh channel, measuring what
+// passes.
+type gossiper struct {
+	n     *Node
+	inner ipammesh.Gossiper
+}
 
 func (g gossiper) OnBroadcast(from mesh.PeerName, data []byte) ([]byte, error) {
 	g.n.note(data)
-	return nil, g.n.gossip.OnBroadcast(ipalloc.PeerName(from), data)
+	return g.inner.OnBroadcast(from, data)
 }
 
 func (g gossiper) OnUnicast(from mesh.PeerName, data []byte) error {
 	g.n.note(data)
-	return g.n.gossip.OnUnicast(ipalloc.PeerName(from), data)
+	return g.inner.OnUnicast(from, data)
 }
 
 func (g gossiper) LocalState() []byte {
-	s := g.n.gossip.LocalState()
+	s := g.inner.LocalState()
 	storeMax(&g.n.maxState, uint64(len(s)))
 	return s
 }
 
-func (g gossiper) MergeRemoteState(data []byte) error { return g.n.gossip.MergeRemoteState(data) }
+func (g gossiper) MergeRemoteState(data []byte) error { return g.inner.MergeRemoteState(data) }
 
 // KindNames are the ipam message kinds by their kind byte (ipalloc/codec.go).
 var KindNames = []string{1: "ring", "prepare", "promise", "accept", "accepted", "nack", "donate-request", "donation",
@@ -301,16 +274,19 @@ func (n *Node) note(data []byte) {
 	storeMax(&n.maxMsg, uint64(size))
 }
 
-// transport is the router's meshTransport, here also measuring what the
-// allocator sends and what the channel refuses.
-type transport struct{ n *Node }
+// transport is the router's transport of the allocator, measuring what it
+// sends and what the channel refuses.
+type transport struct {
+	n     *Node
+	inner ipammesh.Transport
+}
 
 func (t transport) Broadcast(data []byte) error {
-	return t.n.sent(len(data), t.n.ch.Broadcast(data))
+	return t.n.sent(len(data), t.inner.Broadcast(data))
 }
 
 func (t transport) SendTo(p ipalloc.PeerName, data []byte) error {
-	return t.n.sent(len(data), t.n.ch.SendTo(mesh.PeerName(p), data))
+	return t.n.sent(len(data), t.inner.SendTo(p, data))
 }
 
 func (n *Node) sent(size int, err error) error {
@@ -334,8 +310,28 @@ func storeMax(m *atomic.Uint64, v uint64) {
 	}
 }
 
+// saved is n's ring as its Service last saved and published it (what it
+// offers in a push-pull), read without a step of its busy owner loop; nil
+// if unreadable. The polls below look at it first and ask the owner loops
+// only once it says yes.
+func (n *Node) saved() *ipalloc.Ring {
+	m, err := ipalloc.DecodeMsg(n.Svc.LocalState())
+	if err != nil {
+		return nil
+	}
+	if rm, ok := m.(*ipalloc.RingMsg); ok {
+		return rm.Ring
+	}
+	return nil
+}
+
 // Claimed reports whether every node's allocator has a claimed ring.
 func Claimed(nodes []*Node) bool {
+	for _, n := range nodes {
+		if r := n.saved(); r == nil || r.Empty() {
+			return false
+		}
+	}
 	for _, n := range nodes {
 		if !n.Svc.Status().Claimed {
 			return false
@@ -349,6 +345,12 @@ func Claimed(nodes []*Node) bool {
 func OneRing(nodes []*Node) (bool, int) {
 	if len(nodes) == 0 {
 		return true, 0
+	}
+	saved := nodes[0].saved()
+	for _, n := range nodes {
+		if r := n.saved(); saved == nil || r == nil || !r.Equal(saved) {
+			return false, 0
+		}
 	}
 	first := nodes[0].Svc.Ring()
 	for _, n := range nodes[1:] {

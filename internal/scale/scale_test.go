@@ -21,10 +21,11 @@ import (
 // that must reach everyone), and in the end all hold one ring that every
 // node owns space in, with distinct addresses, and nothing was refused.
 // It checks behaviour, not timings (the deadline is only a bound on a
-// busy machine).
+// busy machine: at a load of 7 to 12 on two cores the whole run took up to
+// 66 s when it passed, and the last ring only converged after 90 s).
 func TestClusterConverges(t *testing.T) {
 	const n = 20
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	// A push-pull every 500 ms instead of 30 s: a peer that starts
 	// without state allocates only once it has merged a ring from every
