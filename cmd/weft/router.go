@@ -97,7 +97,7 @@ func cmdRouter(args []string) error {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: v.Level}))
 	// client-go logs through klog: into the same log, as one stream.
-	klog.SetSlogLogger(log.With("component", "client-go"))
+	klog.SetSlogLogger(clientGoLogger(log))
 	log.Info(fmt.Sprintf("Command line options: %v", cfg.Options()))
 	log.Info("weft router starting", "version", router.Version)
 	router.SetRuntimeDefaults()
