@@ -125,7 +125,7 @@ type Device struct {
 	kernel  bool                    // ipip is kernel IPIP (no userspace socket)
 	local   []Mode                  // what this node can do, fastest first
 	routing RouteApplier
-	tunSrc  netip.Addr  // the address SetSourceAddr last gave the TUN device
+	tunSrc  netip.Addr  // the address SetSourceAddr last gave the TUN device; SetRing clears it to check again
 	vtep    *VTEP       // this node's end of vxlan; nil: no vxlan
 	vteps   VTEPApplier // the VXLAN device's neighbours and FDB
 	// vtepsDone is the entries applyVTEPsLocked last made the device
@@ -578,6 +578,10 @@ func (d *Device) SetRing(ranges []OwnedRange, src netip.Addr) error {
 	if d.vtep != nil {
 		err = d.applyVTEPsLocked(true)
 	}
+	// The ring's apply (on a change, and the router's resync) checks the
+	// TUN device's address against the kernel too, as it does the routes:
+	// one removed by hand comes back.
+	d.tunSrc = netip.Addr{}
 	return errors.Join(err, d.applyRoutesLocked())
 }
 
@@ -645,11 +649,14 @@ func (d *Device) applyRoutesLocked() error {
 		return fmt.Errorf("reconciling tunnel routes: %w", err)
 	}
 	if s, ok := d.routing.(sourceSetter); ok && d.src.IsValid() && d.src != d.tunSrc {
-		if err := s.SetSourceAddr(d.tun.Name(), d.src); err != nil {
+		changed, err := s.SetSourceAddr(d.tun.Name(), d.src)
+		if err != nil {
 			return fmt.Errorf("tunnel: %w", err)
 		}
 		d.tunSrc = d.src
-		d.log.Info("tunnel device has the bridge address", "device", d.tun.Name(), "address", d.src.String())
+		if changed {
+			d.log.Info("tunnel device has the bridge address", "device", d.tun.Name(), "address", d.src.String())
+		}
 	}
 	return nil
 }
@@ -657,7 +664,7 @@ func (d *Device) applyRoutesLocked() error {
 // sourceSetter is a RouteApplier that can give the TUN device the bridge
 // address (NetlinkRoutes.SetSourceAddr).
 type sourceSetter interface {
-	SetSourceAddr(dev string, addr netip.Addr) error
+	SetSourceAddr(dev string, addr netip.Addr) (changed bool, err error)
 }
 
 // applyVTEPsLocked makes the VXLAN device's neighbours and FDB entries

@@ -193,15 +193,15 @@ func (a *NetlinkRoutes) Close() error {
 // endpoint is a pod on another node) then carries this node's bridge
 // address, which the peers accept as this node's, and not the node's
 // underlay address, which they drop as a spoofed source (found by make
-// conformance).
-func (a *NetlinkRoutes) SetSourceAddr(dev string, addr netip.Addr) error {
+// conformance). It reports whether it changed anything.
+func (a *NetlinkRoutes) SetSourceAddr(dev string, addr netip.Addr) (changed bool, err error) {
 	l, err := a.h.LinkByName(dev)
 	if err != nil {
-		return fmt.Errorf("looking up %s: %w", dev, err)
+		return false, fmt.Errorf("looking up %s: %w", dev, err)
 	}
 	have, err := a.h.AddrList(l, netlink.FAMILY_V4)
 	if err != nil {
-		return fmt.Errorf("listing the addresses of %s: %w", dev, err)
+		return false, fmt.Errorf("listing the addresses of %s: %w", dev, err)
 	}
 	found := false
 	for _, h := range have {
@@ -212,17 +212,18 @@ func (a *NetlinkRoutes) SetSourceAddr(dev string, addr netip.Addr) error {
 			continue
 		}
 		if err := a.h.AddrDel(l, &h); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
-			return fmt.Errorf("removing %s from %s: %w", h.IPNet, dev, err)
+			return changed, fmt.Errorf("removing %s from %s: %w", h.IPNet, dev, err)
 		}
+		changed = true
 	}
 	if found || !addr.Is4() {
-		return nil
+		return changed, nil
 	}
 	nl := &netlink.Addr{IPNet: &net.IPNet{IP: addr.AsSlice(), Mask: net.CIDRMask(32, 32)}, Scope: unix.RT_SCOPE_UNIVERSE}
 	if err := a.h.AddrAdd(l, nl); err != nil && !errors.Is(err, unix.EEXIST) {
-		return fmt.Errorf("giving %s the address %s: %w", dev, addr, err)
+		return changed, fmt.Errorf("giving %s the address %s: %w", dev, addr, err)
 	}
-	return nil
+	return true, nil
 }
 
 // Routes lists the IPv4 routes of the main table on the tunnel devices

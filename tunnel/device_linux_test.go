@@ -169,6 +169,28 @@ func TestKernelPing(t *testing.T) {
 			if want := b.Range.String() + " proto static scope link src " + a.Gateway.String(); !strings.Contains(string(out), want) {
 				t.Errorf("routes on %s in a:\n%s\nwant %q", DefaultTUNName, out, want)
 			}
+			// The TUN device holds the bridge address as a /32 (what a
+			// masquerade of the node's own traffic picks); removed by
+			// hand, the ring's next apply gives it back.
+			tunAddr := func() string {
+				out, err := a.NS.Exec(context.Background(), "ip", "-4", "-o", "addr", "show", "dev", DefaultTUNName)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return string(out)
+			}
+			if want := " " + a.Gateway.String() + "/32 "; !strings.Contains(tunAddr(), want) {
+				t.Errorf("%s in a has %q, want %q", DefaultTUNName, tunAddr(), want)
+			}
+			if _, err := a.NS.Exec(context.Background(), "ip", "addr", "flush", "dev", DefaultTUNName); err != nil {
+				t.Fatal(err)
+			}
+			if err := ds[0].SetRing(pairRing(p), a.Gateway); err != nil {
+				t.Fatal(err)
+			}
+			if want := " " + a.Gateway.String() + "/32 "; !strings.Contains(tunAddr(), want) {
+				t.Errorf("after the address was removed and the ring applied again, %s in a has %q, want %q", DefaultTUNName, tunAddr(), want)
+			}
 			wire := ModeUDP
 			if mode == ModeIPIP {
 				wire = ModeIPIP
