@@ -23,6 +23,7 @@ var (
 	NewRun      = nscluster.NewRun
 	NewTestRun  = nscluster.NewTestRun
 	Ping        = nscluster.Ping
+	PingFrom    = nscluster.PingFrom
 	PingMatrix  = nscluster.PingMatrix
 	RaceReport  = nscluster.RaceReport
 	RefConfList = nscluster.RefConfList

@@ -35,14 +35,7 @@ func TestNodeTrafficMasqueraded(t *testing.T) {
 	}
 	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	var last error
-	var out []byte
-	for pctx.Err() == nil {
-		out, last = n0.NS.Exec(pctx, "ping", "-n", "-c", "1", "-W", "1", "-I", n0.UnderlayIP.String(), p.IP.String())
-		if last == nil {
-			break
-		}
-	}
+	last := PingFrom(pctx, n0.NS, n0.UnderlayIP, p.IP)
 	if last != nil {
 		addrs, _ := n0.NS.Exec(ctx, "ip", "-4", "addr", "show", "dev", "weft-tun")
 		drops, _ := c.Nodes[1].HTTPGet(ctx, "/metrics")
@@ -52,8 +45,8 @@ func TestNodeTrafficMasqueraded(t *testing.T) {
 				spoofed = append(spoofed, l)
 			}
 		}
-		t.Fatalf("n0's masqueraded ping (from %s) to %s on n1: %v\n%s\nweft-tun on n0: %s\nn1's spoof drops: %s\n%s",
-			n0.UnderlayIP, p.IP, last, out, addrs, strings.Join(spoofed, "\n"), routerLogs(c))
+		t.Fatalf("n0's masqueraded ping (from %s) to %s on n1: %v\nweft-tun on n0: %s\nn1's spoof drops: %s\n%s",
+			n0.UnderlayIP, p.IP, last, addrs, strings.Join(spoofed, "\n"), routerLogs(c))
 	}
 	// The node's own ping without the masquerade's help still works too.
 	if err := Ping(ctx, n0.NS, p.IP); err != nil {

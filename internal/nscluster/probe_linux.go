@@ -1,6 +1,7 @@
 package nscluster
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net/netip"
@@ -22,18 +23,31 @@ const (
 // ctx ends (10s when ctx has no deadline). The error carries the last try's
 // output.
 func Ping(ctx context.Context, from *Netns, addr netip.Addr) error {
+	return PingFrom(ctx, from, netip.Addr{}, addr)
+}
+
+// PingFrom is Ping with the source address src (ping -I), when valid.
+func PingFrom(ctx context.Context, from *Netns, src, addr netip.Addr) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, defaultPingWait)
 		defer cancel()
 	}
+	argv := []string{"ping", "-n", "-c", "1", "-W", "1"}
+	what := addr.String()
+	if src.IsValid() {
+		argv = append(argv, "-I", src.String())
+		what = fmt.Sprintf("%s from %s", addr, src)
+	}
+	argv = append(argv, addr.String())
 	var last error
+	var out []byte
 	err := pollUntil(ctx, time.Hour, 200*time.Millisecond, func() bool {
-		_, last = from.Exec(ctx, "ping", "-n", "-c", "1", "-W", "1", addr.String())
+		out, last = from.Exec(ctx, argv...)
 		return last == nil
 	})
 	if err != nil {
-		return fmt.Errorf("e2e: ping from %s to %s: %w (last try: %v)", from.Name, addr, err, last)
+		return fmt.Errorf("e2e: ping from %s to %s: %w (last try: %v: %s)", from.Name, what, err, last, bytes.TrimSpace(out))
 	}
 	return nil
 }
