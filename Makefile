@@ -202,7 +202,7 @@ deps-conformance: deps-kube
 	fi
 
 conformance-tools:
-	$(GO) run ./e2e/conformance/cmd/conformance-tools
+	$(GO) run ./e2e/kubeapi/cmd/kube-tools conformance
 
 conformance: deps-conformance build image kube-tools conformance-tools
 	$(GO) test -count=1 -v -timeout 120m -run '^TestConformance$$' ./e2e/kubenodes/ -conformance \

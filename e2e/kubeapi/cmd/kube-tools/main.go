@@ -1,8 +1,15 @@
-// Command kube-tools builds the control plane that weft's Kubernetes tests
-// run (etcd, kube-apiserver and kubectl, pinned by e2e/kubeapi/tools) into
-// the tools cache, unless it is there already, and prints the cache entry.
-// `make kube-tools` runs it before the tests, so that no test waits minutes
-// for a cold build.
+// Command kube-tools builds the Kubernetes tools that weft's tests run into
+// the tools cache, unless they are there already, and prints the cache
+// entry:
+//
+//   - kube-tools (or kube-tools control-plane): etcd, kube-apiserver,
+//     kubectl and the rest of the control plane, pinned by
+//     e2e/kubeapi/tools. `make kube-tools` runs it before the tests, so
+//     that no test waits minutes for a cold build.
+//   - kube-tools conformance: the Kubernetes e2e suite (e2e.test), ginkgo
+//     and agnhost, pinned by e2e/conformance/tools. `make conformance`
+//     runs it before the cluster comes up, so that no cluster waits for a
+//     cold build.
 package main
 
 import (
@@ -13,17 +20,41 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/weft-net/weft/e2e/conformance"
 	"github.com/weft-net/weft/e2e/kubeapi"
 )
 
 func main() {
+	set := "control-plane"
+	switch len(os.Args) {
+	case 1:
+	case 2:
+		set = os.Args[1]
+	default:
+		fmt.Fprintln(os.Stderr, "usage: kube-tools [control-plane|conformance]")
+		os.Exit(2)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	bins, err := kubeapi.Binaries(ctx, log)
+	var dir string
+	var err error
+	switch set {
+	case "control-plane":
+		var bins kubeapi.Bins
+		bins, err = kubeapi.Binaries(ctx, log)
+		dir = bins.Dir
+	case "conformance":
+		var tools conformance.Tools
+		tools, err = conformance.Build(ctx, log)
+		dir = tools.Dir
+	default:
+		fmt.Fprintf(os.Stderr, "kube-tools: unknown set %q: want control-plane or conformance\n", set)
+		os.Exit(2)
+	}
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "kube-tools: %v\n", err)
+		fmt.Fprintf(os.Stderr, "kube-tools %s: %v\n", set, err)
 		os.Exit(1)
 	}
-	fmt.Println(bins.Dir)
+	fmt.Println(dir)
 }
