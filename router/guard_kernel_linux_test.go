@@ -17,7 +17,6 @@ import (
 	"github.com/weft-net/weft/api"
 	"github.com/weft-net/weft/bridge"
 	"github.com/weft-net/weft/cni"
-	"github.com/weft-net/weft/internal/benchlat"
 )
 
 // nsGuardKernel is a Kernel whose guard is the real one, in a network
@@ -170,21 +169,10 @@ func TestLocalAPIGuardOrderKernel(t *testing.T) {
 //
 //	go test ./router -run '^$' -bench LocalAPIAllocate20Guarded -benchtime 2000x
 func BenchmarkLocalAPIAllocate20Guarded(b *testing.B) {
-	const clients = 20
 	n, k := guardedNS(b)
 	r, cl := newTestRouter(b, "10.32.0.0/12")
 	r.kernel = k
-	r.setReady(true, "")
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); r.ipam.Run(ctx, nil) }()
-	b.Cleanup(func() { cancel(); <-done })
-
-	benchlat.Concurrent(b, clients, "allocs", func(i int) error {
-		att := api.Attachment{ContainerID: fmt.Sprintf("bench-%d", i), IfName: "eth0"}
-		_, err := cl.Allocate(ctx, api.AllocateRequest{Attachment: att, PodNamespace: "default", PodName: att.ContainerID})
-		return err
-	})
+	allocate20(b, r, cl)
 	b.StopTimer()
 	b.ReportMetric(float64(k.batches.Load())/float64(b.N), "guard-batches/op")
 	if got := len(kernelPodSources(b, n)); got < b.N {
