@@ -78,8 +78,9 @@ func TestServerLimits(t *testing.T) {
 		}
 		io.WriteString(w, "ok")
 	}), lim)
+	capped := limitListener(ln, lim.MaxConns).(*capListener)
 	done := make(chan error, 1)
-	go func() { done <- srv.Serve(limitListener(ln, lim.MaxConns)) }()
+	go func() { done <- srv.Serve(capped) }()
 	defer func() {
 		srv.Close()
 		<-done
@@ -91,6 +92,19 @@ func TestServerLimits(t *testing.T) {
 		}
 		t.Cleanup(func() { c.Close() })
 		return c
+	}
+	// slotsFree waits until the server has released every slot: a client
+	// sees its connection closed a moment before the server's Close
+	// gives the slot back, so a dial at once may still find it taken.
+	slotsFree := func() {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for len(capped.slots) > 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d of %d connection slots still taken after every client was closed", len(capped.slots), lim.MaxConns)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
 	}
 	// closedWithin says whether the server closes c within d.
 	closedWithin := func(c net.Conn, d time.Duration) bool {
@@ -120,6 +134,7 @@ func TestServerLimits(t *testing.T) {
 			t.Errorf("a held request: %q", b)
 		}
 	}
+	slotsFree()
 
 	// The timeouts.
 	silent, partial, idle := dial(), dial(), dial()
@@ -135,6 +150,7 @@ func TestServerLimits(t *testing.T) {
 			t.Errorf("the %s connection was kept open", name)
 		}
 	}
+	slotsFree()
 	// The slots are free again.
 	c := dial()
 	c.Write([]byte("GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"))
