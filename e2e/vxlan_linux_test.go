@@ -439,3 +439,60 @@ func TestVXLANFromUntrustedPeer(t *testing.T) {
 		before, map[string]float64{"vxlan-non-peer": 3})
 	expectControl(t, ctx, func(payload []byte) error { return sendUDP(n1.NS, to, packet(payload)) }, sink, target)
 }
+
+// TestVXLANSpoofedInnerSource is the attacker's side of vxlan from a peer:
+// n1, a real peer (or whoever sends from its underlay address), sends
+// well-formed VXLAN to n0's port 4789 whose inner packet, to a pod of n0,
+// comes from (a) an address outside the pod range, or (b) another pod of
+// n0 itself. n0's guard drops both after the decapsulation
+// (vxlan-spoofed-source) and the pod gets nothing; the same packet from
+// n1's real pod (the control) arrives first.
+func TestVXLANSpoofedInnerSource(t *testing.T) {
+	c, ctx := startMeshCluster(t, 2, "--encap", "vxlan")
+	waitModes(t, ctx, c, "vxlan")
+	n0, n1 := c.Nodes[0], c.Nodes[1]
+	target, err := n0.AddPod(ctx, "target")
+	if err != nil {
+		t.Fatal(err)
+	}
+	neighbour, err := n0.AddPod(ctx, "neighbour") // the pod whose address the peer forges
+	if err != nil {
+		t.Fatal(err)
+	}
+	remote, err := n1.AddPod(ctx, "remote")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := listenUDP(t, target, hostilePort)
+	packet := func(src netip.Addr, payload []byte) []byte {
+		inner := ipv4UDP(netip.AddrPortFrom(src, 40000), netip.AddrPortFrom(target.IP, hostilePort), payload)
+		return vxlanFrame(tunnel.DefaultVNI, tunnel.VTEPMAC(n0.PeerName), tunnel.VTEPMAC(n1.PeerName), inner)
+	}
+	// n0's router has put its own ranges into the guard (set own).
+	waitUntil(t, ctx, "n0's guard to hold its own ranges", func() (bool, string) {
+		out, err := n0.NS.Exec(ctx, "nft", "get", "element", "ip", "weft", "own", "{", neighbour.IP.String(), "}")
+		return err == nil, fmt.Sprintf("%s %v", out, err)
+	})
+	if out, err := n0.NS.Exec(ctx, "nft", "list", "table", "ip", "weft"); err == nil {
+		t.Logf("n0's table ip weft:\n%s", out)
+	}
+	to := netip.AddrPortFrom(n0.UnderlayIP, tunnel.DefaultVXLANPort)
+	before, err := guardDrops(ctx, n0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	marker := newMarker("forged")
+	for i, src := range []netip.Addr{netip.MustParseAddr("192.0.2.77"), n1.UnderlayIP, neighbour.IP} {
+		if err := sendUDP(n1.NS, to, packet(src, markerDatagram(marker, i+1))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	diff := waitGrown(t, wctx, "n0's guard to drop VXLAN with a spoofed inner source", func() (map[string]float64, error) { return guardDrops(wctx, n0) },
+		before, map[string]float64{"vxlan-spoofed-source": 3})
+	if diff["vxlan-non-peer"] != 0 {
+		t.Errorf("n0 counted VXLAN from its peer n1 as vxlan-non-peer: %v", diff)
+	}
+	expectControl(t, ctx, func(payload []byte) error { return sendUDP(n1.NS, to, packet(remote.IP, payload)) }, sink, target)
+}
