@@ -496,3 +496,52 @@ func TestVXLANSpoofedInnerSource(t *testing.T) {
 	}
 	expectControl(t, ctx, func(payload []byte) error { return sendUDP(n1.NS, to, packet(remote.IP, payload)) }, sink, target)
 }
+
+// TestVXLANNodeTrafficMasqueraded is TestNodeTrafficMasqueraded with
+// --encap vxlan: a node's own traffic to a pod on another node that a
+// masquerade on the VXLAN device gives the device's address (kube-proxy's
+// rule for a NodePort, or a ClusterIP from a host-network pod, whose
+// endpoint is a pod on another node) reaches the pod and the answer comes
+// back: the receiving node's guard does not drop it as a spoofed inner
+// source (vxlan-spoofed-source).
+func TestVXLANNodeTrafficMasqueraded(t *testing.T) {
+	c, ctx := startMeshCluster(t, 2, "--encap", "vxlan")
+	waitModes(t, ctx, c, "vxlan")
+	n0, n1 := c.Nodes[0], c.Nodes[1]
+	p, err := n1.AddPod(ctx, "p0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, argv := range [][]string{
+		{"nft", "add", "table", "ip", "kubeproxylike"},
+		{"nft", "add", "chain", "ip", "kubeproxylike", "post", "{ type nat hook postrouting priority srcnat; }"},
+		{"nft", "add", "rule", "ip", "kubeproxylike", "post", "oifname", vxlanDev, "ip", "saddr", n0.UnderlayIP.String(), "masquerade"},
+	} {
+		if out, err := n0.NS.Exec(ctx, argv...); err != nil {
+			t.Fatalf("%s: %v\n%s", strings.Join(argv, " "), err, out)
+		}
+	}
+	before, err := guardDrops(ctx, n1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var last error
+	var out []byte
+	for pctx.Err() == nil {
+		out, last = n0.NS.Exec(pctx, "ping", "-n", "-c", "1", "-W", "1", "-I", n0.UnderlayIP.String(), p.IP.String())
+		if last == nil {
+			break
+		}
+	}
+	if last != nil {
+		addrs, _ := n0.NS.Exec(ctx, "ip", "-4", "addr", "show", "dev", vxlanDev)
+		after, _ := guardDrops(ctx, n1)
+		t.Fatalf("n0's masqueraded ping (from %s) to %s on n1: %v\n%s\n%s on n0: %s\nn1's guard drops grown: %v\n%s",
+			n0.UnderlayIP, p.IP, last, out, vxlanDev, addrs, grown(before, after), routerLogs(c))
+	}
+	if err := Ping(ctx, n0.NS, p.IP); err != nil {
+		t.Fatal(err)
+	}
+}

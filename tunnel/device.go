@@ -126,6 +126,7 @@ type Device struct {
 	local   []Mode                  // what this node can do, fastest first
 	routing RouteApplier
 	tunSrc  netip.Addr  // the address SetSourceAddr last gave the TUN device
+	vxSrc   netip.Addr  // and the VXLAN device
 	vtep    *VTEP       // this node's end of vxlan; nil: no vxlan
 	vteps   VTEPApplier // the VXLAN device's neighbours and FDB
 	// vtepsDone is the entries applyVTEPsLocked last made the device
@@ -650,6 +651,16 @@ func (d *Device) applyRoutesLocked() error {
 		}
 		d.tunSrc = d.src
 		d.log.Info("tunnel device has the bridge address", "device", d.tun.Name(), "address", d.src.String())
+	}
+	// The VXLAN device too: a masquerade through it would otherwise take
+	// the underlay address, a source outside the pod range that the
+	// peer's guard drops (vxlan-spoofed-source).
+	if s, ok := d.routing.(sourceSetter); ok && d.vtep != nil && d.src.IsValid() && d.src != d.vxSrc {
+		if err := s.SetSourceAddr(d.cfg.VXLANName, d.src); err != nil {
+			return fmt.Errorf("tunnel: %w", err)
+		}
+		d.vxSrc = d.src
+		d.log.Info("tunnel device has the bridge address", "device", d.cfg.VXLANName, "address", d.src.String())
 	}
 	return nil
 }
