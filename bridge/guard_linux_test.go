@@ -687,8 +687,9 @@ func TestGuardDropsVXLANSpoofedSource(t *testing.T) {
 // TestGuardOwnRanges: the own set takes ranges that are not aligned (one
 // up to 255.255.255.255) and gives them back merged; the same ranges
 // again change nothing; it replaces; the set survives a rewrite of the
-// tables by Ensure, as the peers and pods sets do; before Ensure, and
-// without a guard, it is ErrNoGuard.
+// tables by Ensure, as the peers and pods sets do, and Ensure makes it
+// where tables of an older weft lack it; before Ensure, and without a
+// guard, it is ErrNoGuard.
 func TestGuardOwnRanges(t *testing.T) {
 	e := newEnv(t)
 	g := NewGuardConn(e.ns.Path())
@@ -697,6 +698,31 @@ func TestGuardOwnRanges(t *testing.T) {
 		t.Fatalf("SetOwnRanges before Ensure: %v, want ErrNoGuard", err)
 	}
 	e.guarded()
+	e.ensure(t)
+	// The tables of a weft before the own set (no such set): Ensure
+	// rewrites them with it.
+	n, err := openNS(e.ns.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := n.nft()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.DelSet(newOwnSet(weftTable()))
+	if err := c.Flush(); err != nil {
+		t.Fatalf("deleting the own set: %v", err)
+	}
+	n.close()
+	if _, err := g.OwnRanges(); !errors.Is(err, ErrNoGuard) {
+		t.Fatalf("OwnRanges without the set: %v, want ErrNoGuard", err)
+	}
+	if info := e.ensure(t); len(info.Changes) == 0 {
+		t.Fatal("Ensure left the tables without the own set")
+	}
+	if got, err := g.OwnRanges(); err != nil || len(got) != 0 {
+		t.Fatalf("own set after Ensure made it: %v %v, want empty", got, err)
+	}
 	e.cfg.Guard.VXLANPort = 4789
 	e.cfg.Guard.VXLANDevice = vxlanTestDev
 	e.ensure(t)
