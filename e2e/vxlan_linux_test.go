@@ -3,12 +3,14 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -544,4 +546,92 @@ func TestVXLANNodeTrafficMasqueraded(t *testing.T) {
 	if err := Ping(ctx, n0.NS, p.IP); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestVXLANDonation: with --encap vxlan, pods of a node whose addresses
+// come from space donated by the other nodes reach the donors' pods and
+// are reached by them: the donors take the space out of their guard's
+// own set (the ring changes on the donor first), so their guards never
+// drop the receiver's pods as their own (vxlan-spoofed-source).
+func TestVXLANDonation(t *testing.T) {
+	const universe = "10.32.0.0/26" // 64 addresses: about 21 each
+	c, ctx := startMeshCluster(t, 3, "--encap", "vxlan", "--ipalloc-init", "consensus=3", "--ipalloc-range", universe)
+	waitModes(t, ctx, c, "vxlan")
+	n0 := c.Nodes[0]
+	first, err := ownedPrefixes(ctx, n0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := map[string]map[string]float64{}
+	for _, n := range c.Nodes {
+		if before[n.Name], err = guardDrops(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var moved []*Pod
+	for i := range 30 {
+		p, err := n0.AddPod(ctx, fmt.Sprintf("d%02d", i))
+		if err != nil {
+			t.Fatalf("pod %d beyond n0's share: %v", i, err)
+		}
+		if !slices.ContainsFunc(first, func(o netip.Prefix) bool { return o.Contains(p.IP) }) {
+			moved = append(moved, p)
+		}
+	}
+	if len(moved) == 0 {
+		t.Fatalf("no pod of n0 got an address from donated space; n0 owned %v at the start", first)
+	}
+	var failed []string
+	for _, n := range c.Nodes[1:] {
+		from, err := n.AddPod(ctx, "r0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, to := range moved {
+			if err := Ping(ctx, from.NS, to.IP); err != nil {
+				failed = append(failed, fmt.Sprintf("%s -> %s (%s)", from, to, to.IP))
+			}
+			if err := Ping(ctx, to.NS, from.IP); err != nil {
+				failed = append(failed, fmt.Sprintf("%s (%s) -> %s", to, to.IP, from))
+			}
+		}
+	}
+	for _, n := range c.Nodes {
+		after, err := guardDrops(ctx, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := grown(before[n.Name], after)["vxlan-spoofed-source"]; d != 0 {
+			t.Errorf("%s's guard dropped %v packets as vxlan-spoofed-source", n.Name, d)
+		}
+	}
+	if len(failed) > 0 {
+		t.Fatalf("%d moved addresses unreachable over vxlan: %v\n%s", len(failed), failed, routerLogs(c))
+	}
+	t.Logf("%d pods of n0 hold addresses from donated space; all reach and are reached by n1's and n2's over vxlan", len(moved))
+}
+
+// ownedPrefixes is what n's /report says it owns.
+func ownedPrefixes(ctx context.Context, n *Node) ([]netip.Prefix, error) {
+	data, err := n.HTTPGet(ctx, "/report")
+	if err != nil {
+		return nil, err
+	}
+	var rep struct {
+		IPAM struct {
+			Owned []string `json:"owned"`
+		} `json:"ipam"`
+	}
+	if err := json.Unmarshal(data, &rep); err != nil {
+		return nil, err
+	}
+	var out []netip.Prefix
+	for _, s := range rep.IPAM.Owned {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, fmt.Errorf("%s's report: owned %q: %w", n.Name, s, err)
+		}
+		out = append(out, p)
+	}
+	return out, nil
 }
