@@ -13,7 +13,8 @@ package bridge
 //     dropped before the kernel IPIP device or the raw socket sees it.
 //     With a kernel VXLAN device (Guard.VXLANDevice), what it decapsulates
 //     may not come from outside the pod range, nor from this node's own
-//     ranges of the ring (set own), at input and forward alike.
+//     ranges of the ring (set own), nor open a connection to outside the
+//     pod range, at input and forward alike.
 //   - table bridge weft, chain prerouting: a frame that a pod sends into
 //     its veth leaves it only with the pod's own IPv4 address (set pods:
 //     host veth . address), as an IPv4 source or an ARP sender; any other
@@ -58,7 +59,11 @@ type Guard struct {
 	VXLANPort uint16
 	// VXLANDevice is the name of that device ("" without one): what
 	// arrives on it is dropped when its source is outside the pod range
-	// or inside this node's own ranges (SetOwnRanges). The kernel loses
+	// or inside this node's own ranges (SetOwnRanges), or when it opens
+	// a connection to an address outside the pod range (peers route only
+	// this node's ranges to it: this node is no relay to elsewhere; the
+	// replies of connections it NATs, whose destination is translated
+	// back before the guard sees them, pass). The kernel loses
 	// the outer source on decapsulation, so the source is not checked
 	// against the sending peer's ranges: a peer may still send as
 	// another peer's pod.
@@ -79,10 +84,13 @@ const (
 	// DropVXLANSpoofedSource: a packet out of the VXLAN device whose
 	// inner source is outside the pod range or in this node's own ranges.
 	DropVXLANSpoofedSource = "vxlan-spoofed-source"
+	// DropVXLANNotToPods: a packet out of the VXLAN device that opens a
+	// connection to an address outside the pod range.
+	DropVXLANNotToPods = "vxlan-not-to-pods"
 )
 
 // DropReasons lists the reasons, in a fixed order.
-var DropReasons = []string{DropPodToRouter, DropIPIPNonPeer, DropSpoofedSource, DropSpoofedARP, DropPodProtocol, DropVXLANNonPeer, DropVXLANSpoofedSource}
+var DropReasons = []string{DropPodToRouter, DropIPIPNonPeer, DropSpoofedSource, DropSpoofedARP, DropPodProtocol, DropVXLANNonPeer, DropVXLANSpoofedSource, DropVXLANNotToPods}
 
 // PodSource is one pod attachment's right to send: frames from the host
 // veth Veth may carry the source Addr.

@@ -166,7 +166,17 @@ func guardRules(t *nftables.Table, in, fwd *nftables.Chain, peers, own *nftables
 						&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: ipv4SrcOffset, Len: 4},
 						&expr.Lookup{SourceRegister: reg1, SetName: own.Name, SetID: own.ID},
 					}, counterDrop()),
-					UserData: comment(dropComment(DropVXLANSpoofedSource, fmt.Sprintf("from %s with a source in @%s (this node's ranges)", dev, ownSet)))})
+					UserData: comment(dropComment(DropVXLANSpoofedSource, fmt.Sprintf("from %s with a source in @%s (this node's ranges)", dev, ownSet)))},
+				&nftables.Rule{Table: t, Chain: ch,
+					// The first packet's way (ct direction original):
+					// a reply of a connection that this node NATs comes
+					// here with its destination translated back already
+					// (a NodePort's client, a masqueraded host address).
+					Exprs: slices.Concat(iifname(dev), matchPrefix(ipv4DstOffset, pods, expr.CmpOpNeq), []expr.Any{
+						&expr.Ct{Key: expr.CtKeyDIRECTION, Register: reg1},
+						&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{0}}, // IP_CT_DIR_ORIGINAL
+					}, counterDrop()),
+					UserData: comment(dropComment(DropVXLANNotToPods, fmt.Sprintf("from %s to an address outside the pods %s, in a connection's original direction", dev, pods)))})
 		}
 	}
 	return out

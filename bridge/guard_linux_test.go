@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -781,5 +782,93 @@ func TestGuardOwnRanges(t *testing.T) {
 	e.ensure(t)
 	if _, err := g.SetOwnRanges(merged); !errors.Is(err, ErrNoGuard) {
 		t.Errorf("SetOwnRanges without a guard: %v, want ErrNoGuard", err)
+	}
+}
+
+// TestGuardDropsVXLANNotToPods: what arrives on the VXLAN device to an
+// address outside the pod range is dropped and counted
+// (vxlan-not-to-pods), to the node (input) and through it (forward): the
+// node is no relay for a peer, nor for whoever forges a peer's VXLAN. A
+// local pod's packet to the same host outside is forwarded (the control).
+func TestGuardDropsVXLANNotToPods(t *testing.T) {
+	e := newEnv(t)
+	e.guarded()
+	e.cfg.Guard.VXLANPort = 4789
+	e.cfg.Guard.VXLANDevice = vxlanTestDev
+	e.ensure(t)
+	a := e.addPod(t, "weftaaaaaaaaaaa", netip.MustParseAddr("10.32.0.5"))
+	if _, _, err := SetPodSources(e.ns.Path(), []PodSource{{a.veth, a.addr}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	// A host outside, behind the node: 198.51.100.5 on a veth of its own.
+	outside, err := testutils.NewNS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = outside.Close()
+		_ = testutils.UnmountNS(outside)
+	})
+	out, outPeer := e.veth(t, uniqueName(t, "wo-"), nil)
+	e.addAddr(t, out, "198.51.100.1/24")
+	if err := e.h.LinkSetUp(out); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.h.LinkSetNsFd(e.link(t, outPeer), int(outside.Fd())); err != nil {
+		t.Fatal(err)
+	}
+	host := netip.MustParseAddr("198.51.100.5")
+	err = outside.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName(outPeer)
+		if err != nil {
+			return err
+		}
+		if err := netlink.AddrAdd(l, toAddr(netip.MustParsePrefix("198.51.100.5/24"))); err != nil {
+			return err
+		}
+		return netlink.LinkSetUp(l)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An address of the node outside the pod range: 203.0.113.1.
+	nodeAddr := netip.MustParseAddr("203.0.113.1")
+	peer := e.tunnelSender(t, host, nodeAddr)
+	e.addAddr(t, e.link(t, vxlanTestDev), "203.0.113.1/32")
+	e.sysctl(t, "net/ipv4/conf/all/rp_filter", "0")
+	e.sysctl(t, "net/ipv4/conf/"+vxlanTestDev+"/rp_filter", "0")
+	atHost := listen(t, outside, 9002)
+	nodeNS, err := ns.GetNS(e.ns.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nodeNS.Close()
+	atNode := listen(t, nodeNS, 9003)
+
+	for i, dst := range []netip.Addr{host, nodeAddr} {
+		// From another peer's pod: a source the other checks take.
+		if err := sendRaw(peer, netip.MustParseAddr("10.32.0.64"), dst, unix.IPPROTO_UDP, udpPayload(1000, 9002+i, "relayed")); err != nil {
+			t.Fatal(err)
+		}
+		e.waitCount(t, DropVXLANNotToPods, uint64(i+1))
+	}
+	if err := sendRaw(a.ns, a.addr, host, unix.IPPROTO_UDP, udpPayload(1000, 9002, "control")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-atHost:
+		if !strings.HasSuffix(got, " control") {
+			t.Fatalf("the host outside received %q before the control: it should have been dropped", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the local pod's control did not reach the host outside")
+	}
+	select {
+	case got := <-atNode:
+		t.Errorf("the node's %s received %q", nodeAddr, got)
+	default:
+	}
+	if c, _ := DropCounts(e.ns.Path()); c[DropVXLANSpoofedSource] != 0 {
+		t.Errorf("counted %d as vxlan-spoofed-source: %v", c[DropVXLANSpoofedSource], c)
 	}
 }

@@ -448,7 +448,9 @@ func TestVXLANFromUntrustedPeer(t *testing.T) {
 // comes from (a) an address outside the pod range, or (b) another pod of
 // n0 itself. n0's guard drops both after the decapsulation
 // (vxlan-spoofed-source) and the pod gets nothing; the same packet from
-// n1's real pod (the control) arrives first.
+// n1's real pod (the control) arrives first. A packet from n1's pod to a
+// host outside the pod range, for n0 to relay, is dropped too
+// (vxlan-not-to-pods).
 func TestVXLANSpoofedInnerSource(t *testing.T) {
 	c, ctx := startMeshCluster(t, 2, "--encap", "vxlan")
 	waitModes(t, ctx, c, "vxlan")
@@ -496,7 +498,25 @@ func TestVXLANSpoofedInnerSource(t *testing.T) {
 	if diff["vxlan-non-peer"] != 0 {
 		t.Errorf("n0 counted VXLAN from its peer n1 as vxlan-non-peer: %v", diff)
 	}
+	// (c) n1's pod's packet to a host outside the pod range (n1's own
+	// underlay address), through n0 as a relay: dropped (vxlan-not-to-pods).
+	before = guardDropsNow(t, ctx, n0)
+	relay := ipv4UDP(netip.AddrPortFrom(remote.IP, 40000), netip.AddrPortFrom(n1.UnderlayIP, hostilePort), markerDatagram(marker, 4))
+	if err := sendUDP(n1.NS, to, vxlanFrame(tunnel.DefaultVNI, tunnel.VTEPMAC(n0.PeerName), tunnel.VTEPMAC(n1.PeerName), relay)); err != nil {
+		t.Fatal(err)
+	}
+	waitGrown(t, wctx, "n0's guard to drop VXLAN to outside the pod range", func() (map[string]float64, error) { return guardDrops(wctx, n0) },
+		before, map[string]float64{"vxlan-not-to-pods": 1})
 	expectControl(t, ctx, func(payload []byte) error { return sendUDP(n1.NS, to, packet(remote.IP, payload)) }, sink, target)
+}
+
+func guardDropsNow(t *testing.T, ctx context.Context, n *Node) map[string]float64 {
+	t.Helper()
+	m, err := guardDrops(ctx, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }
 
 // TestVXLANNodeTrafficMasqueraded is TestNodeTrafficMasqueraded with

@@ -597,7 +597,7 @@ type guardCollector struct {
 
 func newGuardCollector(k Kernel) *guardCollector {
 	return &guardCollector{kernel: k, desc: prometheus.NewDesc("weft_guard_dropped_packets_total",
-		"Packets the node's nftables guard dropped, by reason (pod-to-router: a pod to a router's gossip or data port, or IPIP from a pod; ipip-non-peer: IPIP from an address that is no peer; pod-spoofed-source, pod-spoofed-arp: a pod sending with an address not its own; pod-protocol: a pod's frame that is neither IPv4 nor ARP; vxlan-non-peer: VXLAN from an address that is no peer; vxlan-spoofed-source: a packet out of the VXLAN device with a source outside the pod range or in this node's own ranges). Counts restart when weft rewrites its tables.",
+		"Packets the node's nftables guard dropped, by reason (pod-to-router: a pod to a router's gossip or data port, or IPIP from a pod; ipip-non-peer: IPIP from an address that is no peer; pod-spoofed-source, pod-spoofed-arp: a pod sending with an address not its own; pod-protocol: a pod's frame that is neither IPv4 nor ARP; vxlan-non-peer: VXLAN from an address that is no peer; vxlan-spoofed-source: a packet out of the VXLAN device with a source outside the pod range or in this node's own ranges; vxlan-not-to-pods: a packet out of the VXLAN device to an address outside the pod range). Counts restart when weft rewrites its tables.",
 		[]string{"reason"}, nil)}
 }
 
