@@ -55,6 +55,11 @@ func (cfg Config) Validate() error {
 	if err := validateName(cfg.Name); err != nil {
 		return err
 	}
+	if d := cfg.Guard.VXLANDevice; d != "" {
+		if err := validateName(d); err != nil {
+			return fmt.Errorf("the guard's VXLAN device: %w", err)
+		}
+	}
 	if cfg.MTU < MinMTU || cfg.MTU > MaxMTU {
 		return fmt.Errorf("bridge MTU %d is out of range: it must be between %d and %d", cfg.MTU, MinMTU, MaxMTU)
 	}

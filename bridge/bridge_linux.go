@@ -453,9 +453,14 @@ func (n *netNS) ensureNFT(cfg Config, log *slog.Logger, info *Info) error {
 	if existed && (bridgeExisted == cfg.Guard.On()) && nftUpToDate(c, cfg) {
 		return nil
 	}
-	var peerEls, podEls []nftables.SetElement
+	var peerEls, ownEls, podEls []nftables.SetElement
 	if _, els, err := setElements(c, weftTable(), peersSet); err == nil {
 		peerEls = els
+	}
+	if s, els, err := setElements(c, weftTable(), ownSet); err == nil && s.Interval {
+		if bs, err := intervalBounds(rangesOfBounds(boundsOfElements(els))); err == nil {
+			ownEls = boundElements(bs)
+		}
 	}
 	if _, els, err := setElements(c, bridgeTable(), podsSet); err == nil {
 		podEls = els
@@ -477,10 +482,14 @@ func (n *netNS) ensureNFT(cfg Config, log *slog.Logger, info *Info) error {
 		if err := c.AddSet(peers, peerEls); err != nil {
 			return fmt.Errorf("nftables set ip %s %s: %w", TableName, peersSet, err)
 		}
+		own := newOwnSet(t)
+		if err := c.AddSet(own, ownEls); err != nil {
+			return fmt.Errorf("nftables set ip %s %s: %w", TableName, ownSet, err)
+		}
 		in, gfwd := guardChainsOf(t)
 		c.AddChain(in)
 		c.AddChain(gfwd)
-		for _, r := range guardRules(t, in, gfwd, peers, cfg) {
+		for _, r := range guardRules(t, in, gfwd, peers, own, cfg) {
 			c.AddRule(r)
 		}
 		c.AddTable(bt)
@@ -515,7 +524,7 @@ func (n *netNS) ensureNFT(cfg Config, log *slog.Logger, info *Info) error {
 	}
 	if cfg.Guard.On() && !bridgeExisted {
 		log.Info("guarding the routers from pods", "table", "bridge "+TableName, "gossip-port", cfg.Guard.GossipPort,
-			"data-port", cfg.Guard.DataPort, "ipip-from-peers-only", cfg.Guard.IPIPPeersOnly)
+			"data-port", cfg.Guard.DataPort, "ipip-from-peers-only", cfg.Guard.IPIPPeersOnly, "vxlan-device", cfg.Guard.VXLANDevice)
 	}
 	info.Changes = append(info.Changes, change)
 	return nil
@@ -540,7 +549,7 @@ func wantedChains(cfg Config) []chainSpec {
 		bt := bridgeTable()
 		pch := podChainOf(bt)
 		chains = append(chains, in, gfwd, pch)
-		rs = append(rs, guardRules(t, in, gfwd, newPeersSet(t), cfg)...)
+		rs = append(rs, guardRules(t, in, gfwd, newPeersSet(t), newOwnSet(t), cfg)...)
 		rs = append(rs, podRules(bt, pch, newPodsSet(bt))...)
 	}
 	specs := make([]chainSpec, len(chains))
@@ -605,6 +614,9 @@ func nftUpToDate(c *nftables.Conn, cfg Config) bool {
 	}
 	if cfg.Guard.On() {
 		if _, err := c.GetSetByName(weftTable(), peersSet); err != nil {
+			return false
+		}
+		if s, err := c.GetSetByName(weftTable(), ownSet); err != nil || !s.Interval {
 			return false
 		}
 		if _, err := c.GetSetByName(bridgeTable(), podsSet); err != nil {

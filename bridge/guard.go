@@ -11,6 +11,10 @@ package bridge
 //     masqueraded into this node's underlay identity towards a peer; and
 //     IPIP from an address that is not a known peer's (set peers) is
 //     dropped before the kernel IPIP device or the raw socket sees it.
+//     With a kernel VXLAN device (Guard.VXLANDevice), what it decapsulates
+//     may not come from outside the pod range, nor from this node's own
+//     ranges of the ring (set own), nor open a connection to outside the
+//     pod range, at input and forward alike.
 //   - table bridge weft, chain prerouting: a frame that a pod sends into
 //     its veth leaves it only with the pod's own IPv4 address (set pods:
 //     host veth . address), as an IPv4 source or an ARP sender; any other
@@ -32,6 +36,7 @@ const (
 	guardForwardChain = "guard-forward"
 	podsChain         = "prerouting" // of table bridge weft
 	peersSet          = "peers"      // of table ip weft
+	ownSet            = "own"        // of table ip weft: this node's ranges of the ring
 	podsSet           = "pods"       // of table bridge weft
 
 	// PodVethPrefix starts the name of every host end of a pod veth
@@ -52,6 +57,17 @@ type Guard struct {
 	// runs --encap vxlan (0: none): pods may not send to it, and VXLAN
 	// is taken only from addresses in the peers set, as IPIP.
 	VXLANPort uint16
+	// VXLANDevice is the name of that device ("" without one): what
+	// arrives on it is dropped when its source is outside the pod range
+	// or inside this node's own ranges (SetOwnRanges), or when it opens
+	// a connection to an address outside the pod range (peers route only
+	// this node's ranges to it: this node is no relay to elsewhere; the
+	// replies of connections it NATs, whose destination is translated
+	// back before the guard sees them, pass). The kernel loses
+	// the outer source on decapsulation, so the source is not checked
+	// against the sending peer's ranges: a peer may still send as
+	// another peer's pod.
+	VXLANDevice string
 }
 
 // On reports whether the guard is configured.
@@ -65,10 +81,16 @@ const (
 	DropSpoofedSource = "pod-spoofed-source" // a pod's IPv4 packet with a source that is not its address
 	DropSpoofedARP    = "pod-spoofed-arp"    // a pod's ARP with a sender address that is not its own
 	DropPodProtocol   = "pod-protocol"       // a pod's frame that is neither IPv4 nor ARP
+	// DropVXLANSpoofedSource: a packet out of the VXLAN device whose
+	// inner source is outside the pod range or in this node's own ranges.
+	DropVXLANSpoofedSource = "vxlan-spoofed-source"
+	// DropVXLANNotToPods: a packet out of the VXLAN device that opens a
+	// connection to an address outside the pod range.
+	DropVXLANNotToPods = "vxlan-not-to-pods"
 )
 
 // DropReasons lists the reasons, in a fixed order.
-var DropReasons = []string{DropPodToRouter, DropIPIPNonPeer, DropSpoofedSource, DropSpoofedARP, DropPodProtocol, DropVXLANNonPeer}
+var DropReasons = []string{DropPodToRouter, DropIPIPNonPeer, DropSpoofedSource, DropSpoofedARP, DropPodProtocol, DropVXLANNonPeer, DropVXLANSpoofedSource, DropVXLANNotToPods}
 
 // PodSource is one pod attachment's right to send: frames from the host
 // veth Veth may carry the source Addr.
@@ -117,4 +139,102 @@ func diffSet[T comparable](want, have []T, compare func(a, b T) int) (add, del [
 		}
 	}
 	return add, del
+}
+
+// AddrRange is the IPv4 addresses First to Last, both included: one of
+// this node's ranges of the ring (SetOwnRanges).
+type AddrRange struct {
+	First, Last netip.Addr
+}
+
+func (r AddrRange) String() string { return r.First.String() + "-" + r.Last.String() }
+
+// mergeRanges checks rs (IPv4, First <= Last) and returns them sorted,
+// with overlapping and adjacent ranges merged into one.
+func mergeRanges(rs []AddrRange) ([]AddrRange, error) {
+	for _, r := range rs {
+		if !r.First.Is4() || !r.Last.Is4() || r.Last.Less(r.First) {
+			return nil, fmt.Errorf("address range %s: want IPv4 with the first address not after the last", r)
+		}
+	}
+	s := slices.Clone(rs)
+	slices.SortFunc(s, func(a, b AddrRange) int { return cmp.Or(a.First.Compare(b.First), a.Last.Compare(b.Last)) })
+	var out []AddrRange
+	for _, r := range s {
+		if n := len(out); n > 0 {
+			last := &out[n-1]
+			if next := last.Last.Next(); !next.IsValid() || !next.Less(r.First) { // overlaps or touches
+				if last.Last.Less(r.Last) {
+					last.Last = r.Last
+				}
+				continue
+			}
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// bound is one element of an nftables interval set: an interval starts
+// at addr, or (end) the interval before ends just before addr.
+type bound struct {
+	addr netip.Addr
+	end  bool
+}
+
+// intervalBounds are the elements of an interval set holding rs: for each
+// merged range its first address, and the address after its last as an
+// end, but none after 255.255.255.255 (an interval open at the top goes
+// to the end of the address space).
+func intervalBounds(rs []AddrRange) ([]bound, error) {
+	m, err := mergeRanges(rs)
+	if err != nil {
+		return nil, err
+	}
+	var out []bound
+	for _, r := range m {
+		out = append(out, bound{addr: r.First})
+		if next := r.Last.Next(); next.IsValid() {
+			out = append(out, bound{addr: next, end: true})
+		}
+	}
+	return out, nil
+}
+
+// rangesOfBounds reads an interval set's elements back (in any order)
+// into merged ranges. An end without a start before it (nft's own
+// 0.0.0.0 end element) is no range.
+func rangesOfBounds(bs []bound) []AddrRange {
+	s := slices.Clone(bs)
+	slices.SortFunc(s, func(a, b bound) int {
+		if c := a.addr.Compare(b.addr); c != 0 {
+			return c
+		}
+		switch {
+		case a.end == b.end:
+			return 0
+		case a.end:
+			return -1 // an interval ends before the next starts at the same address
+		}
+		return 1
+	})
+	var out []AddrRange
+	var open *netip.Addr
+	for _, b := range s {
+		switch {
+		case !b.end && open == nil:
+			a := b.addr
+			open = &a
+		case b.end && open != nil && open.Less(b.addr):
+			out = append(out, AddrRange{First: *open, Last: b.addr.Prev()})
+			open = nil
+		case b.end:
+			open = nil
+		}
+	}
+	if open != nil {
+		out = append(out, AddrRange{First: *open, Last: netip.AddrFrom4([4]byte{255, 255, 255, 255})})
+	}
+	m, _ := mergeRanges(out) // IPv4 and ordered by construction
+	return m
 }

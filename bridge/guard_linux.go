@@ -94,8 +94,20 @@ func guardChainsOf(t *nftables.Table) (in, fwd *nftables.Chain) {
 	return in, fwd
 }
 
-// guardRules are the rules of the guard's chains; peers is the peers set.
-func guardRules(t *nftables.Table, in, fwd *nftables.Chain, peers *nftables.Set, cfg Config) []*nftables.Rule {
+// iifname matches the input interface's name exactly (nft's
+// iifname "name": the name padded with zeros to IFNAMSIZ).
+func iifname(name string) []expr.Any {
+	k := make([]byte, ifNameLen)
+	copy(k, name)
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: k},
+	}
+}
+
+// guardRules are the rules of the guard's chains; peers is the peers set,
+// own the own set.
+func guardRules(t *nftables.Table, in, fwd *nftables.Chain, peers, own *nftables.Set, cfg Config) []*nftables.Rule {
 	g := cfg.Guard
 	pods := cfg.PodRange
 	type match struct {
@@ -140,6 +152,32 @@ func guardRules(t *nftables.Table, in, fwd *nftables.Chain, peers *nftables.Set,
 					&expr.Lookup{SourceRegister: reg1, SetName: peers.Name, SetID: peers.ID, Invert: true},
 				}, counterDrop()),
 			UserData: comment(dropComment(DropVXLANNonPeer, fmt.Sprintf("vxlan (udp/%d) from an address not in @%s", g.VXLANPort, peersSet)))})
+	}
+	if dev := g.VXLANDevice; dev != "" {
+		// What the VXLAN device decapsulated: to this node (input) or
+		// to a pod (forward).
+		for _, ch := range []*nftables.Chain{in, fwd} {
+			out = append(out,
+				&nftables.Rule{Table: t, Chain: ch,
+					Exprs:    slices.Concat(iifname(dev), matchPrefix(ipv4SrcOffset, pods, expr.CmpOpNeq), counterDrop()),
+					UserData: comment(dropComment(DropVXLANSpoofedSource, fmt.Sprintf("from %s with a source outside the pods %s", dev, pods)))},
+				&nftables.Rule{Table: t, Chain: ch,
+					Exprs: slices.Concat(iifname(dev), []expr.Any{
+						&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: ipv4SrcOffset, Len: 4},
+						&expr.Lookup{SourceRegister: reg1, SetName: own.Name, SetID: own.ID},
+					}, counterDrop()),
+					UserData: comment(dropComment(DropVXLANSpoofedSource, fmt.Sprintf("from %s with a source in @%s (this node's ranges)", dev, ownSet)))},
+				&nftables.Rule{Table: t, Chain: ch,
+					// The first packet's way (ct direction original):
+					// a reply of a connection that this node NATs comes
+					// here with its destination translated back already
+					// (a NodePort's client, a masqueraded host address).
+					Exprs: slices.Concat(iifname(dev), matchPrefix(ipv4DstOffset, pods, expr.CmpOpNeq), []expr.Any{
+						&expr.Ct{Key: expr.CtKeyDIRECTION, Register: reg1},
+						&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{0}}, // IP_CT_DIR_ORIGINAL
+					}, counterDrop()),
+					UserData: comment(dropComment(DropVXLANNotToPods, fmt.Sprintf("from %s to an address outside the pods %s, in a connection's original direction", dev, pods)))})
+		}
 	}
 	return out
 }
@@ -196,6 +234,11 @@ func podRules(t *nftables.Table, ch *nftables.Chain, pods *nftables.Set) []*nfta
 
 func newPeersSet(t *nftables.Table) *nftables.Set {
 	return &nftables.Set{Table: t, Name: peersSet, KeyType: nftables.TypeIPAddr}
+}
+
+// newOwnSet is this node's ranges of the ring, an interval set.
+func newOwnSet(t *nftables.Table) *nftables.Set {
+	return &nftables.Set{Table: t, Name: ownSet, KeyType: nftables.TypeIPAddr, Interval: true}
 }
 
 func newPodsSet(t *nftables.Table) *nftables.Set {
@@ -365,6 +408,24 @@ func addrElements(as []netip.Addr) []nftables.SetElement {
 	return out
 }
 
+func boundElements(bs []bound) []nftables.SetElement {
+	out := make([]nftables.SetElement, len(bs))
+	for i, b := range bs {
+		out[i] = nftables.SetElement{Key: b.addr.AsSlice(), IntervalEnd: b.end}
+	}
+	return out
+}
+
+func boundsOfElements(els []nftables.SetElement) []bound {
+	var out []bound
+	for _, e := range els {
+		if a, ok := netip.AddrFromSlice(e.Key); ok && a.Is4() {
+			out = append(out, bound{addr: a, end: e.IntervalEnd})
+		}
+	}
+	return out
+}
+
 func podElements(ps []PodSource) []nftables.SetElement {
 	out := make([]nftables.SetElement, len(ps))
 	for i, p := range ps {
@@ -423,6 +484,68 @@ func (g *GuardConn) SetPeerAddrs(addrs []netip.Addr) (added, removed int, err er
 		return 0, 0, err
 	}
 	return added, removed, nil
+}
+
+// OwnRanges reads the own set of table ip weft back, merged; ErrNoGuard
+// (wrapped) before Ensure has set the guard up.
+func (g *GuardConn) OwnRanges() ([]AddrRange, error) {
+	var out []AddrRange
+	err := g.do(func(c *nftables.Conn) error {
+		s, err := g.set(c, weftTable(), ownSet)
+		if err != nil {
+			return err
+		}
+		els, err := c.GetSetElements(s)
+		if err != nil {
+			return fmt.Errorf("reading nftables set ip %s %s: %w", TableName, ownSet, err)
+		}
+		out = rangesOfBounds(boundsOfElements(els))
+		return nil
+	})
+	return out, err
+}
+
+// SetOwnRanges makes the own set of table ip weft (what the VXLAN device
+// may not bring in as a source: this node's ranges of the ring) exactly
+// ranges, merged: when it differs, it empties the set and fills it in one
+// kernel batch, so that no packet ever sees it empty or half written. It
+// says whether it changed the set, and returns ErrNoGuard (wrapped)
+// before Ensure has set the guard up.
+func (g *GuardConn) SetOwnRanges(ranges []AddrRange) (changed bool, err error) {
+	bs, err := intervalBounds(ranges)
+	if err != nil {
+		return false, err
+	}
+	want := rangesOfBounds(bs)
+	err = g.do(func(c *nftables.Conn) error {
+		changed = false
+		s, err := g.set(c, weftTable(), ownSet)
+		if err != nil {
+			return err
+		}
+		els, err := c.GetSetElements(s)
+		if err != nil {
+			return fmt.Errorf("reading nftables set ip %s %s: %w", TableName, ownSet, err)
+		}
+		if slices.Equal(rangesOfBounds(boundsOfElements(els)), want) && len(els) == len(bs) {
+			return nil
+		}
+		c.FlushSet(s)
+		if len(bs) > 0 {
+			if err := c.SetAddElements(s, boundElements(bs)); err != nil {
+				return err
+			}
+		}
+		if err := c.Flush(); err != nil {
+			return fmt.Errorf("updating nftables set ip %s %s: %w", TableName, ownSet, err)
+		}
+		changed = true
+		return nil
+	})
+	if err != nil {
+		return false, err
+	}
+	return changed, nil
 }
 
 // SetPodSources makes the pods set of table bridge weft (what each pod
@@ -613,6 +736,12 @@ func SetPeerAddrs(nsPath string, addrs []netip.Addr) (added, removed int, err er
 		return counts{a, r}, err
 	})
 	return c.added, c.removed, err
+}
+
+// SetOwnRanges is GuardConn.SetOwnRanges in the network namespace at
+// nsPath, over a connection of its own.
+func SetOwnRanges(nsPath string, ranges []AddrRange) (changed bool, err error) {
+	return once(nsPath, func(g *GuardConn) (bool, error) { return g.SetOwnRanges(ranges) })
 }
 
 // SetPodSources is GuardConn.SetPodSources in the network namespace at

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -510,5 +511,364 @@ func TestGuardConnLasting(t *testing.T) {
 	}
 	if err := g.AddPodSources([]PodSource{a}); err != nil {
 		t.Fatalf("AddPodSources after Close: %v", err)
+	}
+}
+
+// vxlanTestDev is the VXLAN device's name in the guard tests: a veth of
+// that name in the node's namespace stands for it (what a VXLAN device
+// decapsulates arrives on it as from a veth), its peer in a namespace of
+// its own is whoever sends through the tunnel.
+const vxlanTestDev = "weft-vx"
+
+// tunnelSender makes the veth vxlanTestDev in the node's namespace and
+// puts its peer into a namespace of its own, with a default route to the
+// node: what is sent there to one of dsts arrives on vxlanTestDev.
+func (e *env) tunnelSender(t *testing.T, dsts ...netip.Addr) ns.NetNS {
+	t.Helper()
+	n, err := testutils.NewNS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = n.Close()
+		_ = testutils.UnmountNS(n)
+	})
+	dev, peer := e.veth(t, vxlanTestDev, nil)
+	if err := e.h.LinkSetUp(dev); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.h.LinkSetNsFd(e.link(t, peer), int(n.Fd())); err != nil {
+		t.Fatal(err)
+	}
+	mac := dev.Attrs().HardwareAddr
+	err = n.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName(peer)
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(l); err != nil {
+			return err
+		}
+		for _, dst := range dsts {
+			if err := netlink.NeighAdd(&netlink.Neigh{LinkIndex: l.Attrs().Index, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
+				IP: dst.AsSlice(), HardwareAddr: mac}); err != nil {
+				return fmt.Errorf("neighbour %s: %w", dst, err)
+			}
+		}
+		_, all, _ := net.ParseCIDR("0.0.0.0/0")
+		if err := netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: all, Scope: netlink.SCOPE_LINK}); err != nil {
+			return fmt.Errorf("default route on %s: %w", peer, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("setting up the tunnel's sender: %v", err)
+	}
+	return n
+}
+
+// TestGuardDropsVXLANSpoofedSource is the attacker's side of the VXLAN
+// device, on the real kernel: what arrives on it with a source outside
+// the pod range, or in this node's own ranges (set own), is dropped and
+// counted (vxlan-spoofed-source), to a pod (forward) and to the node
+// (input); from another range of the pod range it arrives, and so does
+// a local pod's own traffic, whose source is in the own set. Before the
+// own set is filled, only the first check drops.
+func TestGuardDropsVXLANSpoofedSource(t *testing.T) {
+	e := newEnv(t)
+	e.guarded()
+	e.cfg.Guard.VXLANPort = 4789
+	e.cfg.Guard.VXLANDevice = vxlanTestDev
+	e.ensure(t)
+	a := e.addPod(t, "weftaaaaaaaaaaa", netip.MustParseAddr("10.32.0.5"))
+	b := e.addPod(t, "weftbbbbbbbbbbb", netip.MustParseAddr("10.32.0.6"))
+	if _, _, err := SetPodSources(e.ns.Path(), []PodSource{{a.veth, a.addr}, {b.veth, b.addr}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	gw := e.cfg.Gateway.Addr()
+	peer := e.tunnelSender(t, a.addr, gw)
+	e.sysctl(t, "net/ipv4/conf/all/rp_filter", "0")
+	e.sysctl(t, "net/ipv4/conf/"+vxlanTestDev+"/rp_filter", "0")
+	atA := listen(t, a.ns, 9000)
+	nodeNS, err := ns.GetNS(e.ns.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nodeNS.Close()
+	atNode := listen(t, nodeNS, 9001)
+	send := func(src string, dst netip.Addr, port int, what string) {
+		t.Helper()
+		if err := sendRaw(peer, netip.MustParseAddr(src), dst, unix.IPPROTO_UDP, udpPayload(1000, port, what)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Before the ring's first sync: the own set is empty.
+	send("10.32.0.40", a.addr, 9000, "before sync")
+	expect(t, atA, "10.32.0.40:1000 before sync")
+	send("192.0.2.7", a.addr, 9000, "outside") // outside the pod range
+	e.waitCount(t, DropVXLANSpoofedSource, 1)
+
+	own := []AddrRange{addrRange("10.32.0.0", "10.32.0.63"), addrRange("10.32.7.3", "10.32.9.200")}
+	if changed, err := SetOwnRanges(e.ns.Path(), own); err != nil || !changed {
+		t.Fatalf("SetOwnRanges: %v %v", changed, err)
+	}
+	n := uint64(1)
+	for _, src := range []string{"192.0.2.7", "10.48.0.1", "10.32.0.40", "10.32.0.63", "10.32.7.3", "10.32.8.77", "10.32.9.200"} {
+		send(src, a.addr, 9000, "forged")
+		n++
+		e.waitCount(t, DropVXLANSpoofedSource, n)
+	}
+	for _, src := range []string{"198.51.100.1", "10.32.0.9", "10.32.9.100"} {
+		send(src, gw, 9001, "forged to the node")
+		n++
+		e.waitCount(t, DropVXLANSpoofedSource, n)
+	}
+	// Replacements of the own set, each one kernel batch: a flood from an
+	// address in both contents never finds the set empty or half written.
+	other := []AddrRange{addrRange("10.32.0.32", "10.32.0.47"), addrRange("10.33.0.0", "10.33.255.255")}
+	stop := make(chan struct{})
+	flooded := make(chan error, 1)
+	go func() {
+		defer close(flooded)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if err := sendRaw(peer, netip.MustParseAddr("10.32.0.40"), a.addr, unix.IPPROTO_UDP, udpPayload(1000, 9000, "flood")); err != nil {
+				flooded <- err
+				return
+			}
+		}
+	}()
+	for i := range 100 {
+		want := other
+		if i%2 == 1 {
+			want = own
+		}
+		if changed, err := SetOwnRanges(e.ns.Path(), want); err != nil || !changed {
+			close(stop)
+			t.Fatalf("replacement %d of the own set: %v %v", i, changed, err)
+		}
+	}
+	close(stop)
+	if err := <-flooded; err != nil {
+		t.Fatal(err)
+	}
+	c, err := DropCounts(e.ns.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n = c[DropVXLANSpoofedSource]
+	t.Logf("%d packets dropped in all, through 100 replacements of the own set", n)
+
+	// Another peer's pods, just outside the own ranges: they arrive.
+	for _, src := range []string{"10.32.0.64", "10.32.7.2", "10.32.9.201", "10.47.255.254"} {
+		send(src, a.addr, 9000, "genuine")
+		expect(t, atA, src+":1000 genuine")
+	}
+	send("10.32.0.64", gw, 9001, "genuine to the node")
+	expect(t, atNode, "10.32.0.64:1000 genuine to the node")
+	// A local pod, whose address is in the own set, through its veth.
+	if err := sendRaw(b.ns, b.addr, a.addr, unix.IPPROTO_UDP, udpPayload(1000, 9000, "local")); err != nil {
+		t.Fatal(err)
+	}
+	expect(t, atA, "10.32.0.6:1000 local")
+	if err := sendRaw(b.ns, b.addr, gw, unix.IPPROTO_UDP, udpPayload(1000, 9001, "local to the node")); err != nil {
+		t.Fatal(err)
+	}
+	expect(t, atNode, "10.32.0.6:1000 local to the node")
+	if c, _ := DropCounts(e.ns.Path()); c[DropVXLANSpoofedSource] != n {
+		t.Errorf("vxlan-spoofed-source = %d after the genuine packets, want %d (all: %v)", c[DropVXLANSpoofedSource], n, c)
+	}
+}
+
+// TestGuardOwnRanges: the own set takes ranges that are not aligned (one
+// up to 255.255.255.255) and gives them back merged; the same ranges
+// again change nothing; it replaces; the set survives a rewrite of the
+// tables by Ensure, as the peers and pods sets do, and Ensure makes it
+// where tables of an older weft lack it; before Ensure, and without a
+// guard, it is ErrNoGuard.
+func TestGuardOwnRanges(t *testing.T) {
+	e := newEnv(t)
+	g := NewGuardConn(e.ns.Path())
+	t.Cleanup(func() { g.Close() })
+	if _, err := g.SetOwnRanges(nil); !errors.Is(err, ErrNoGuard) {
+		t.Fatalf("SetOwnRanges before Ensure: %v, want ErrNoGuard", err)
+	}
+	e.guarded()
+	e.ensure(t)
+	// The tables of a weft before the own set (no such set): Ensure
+	// rewrites them with it.
+	n, err := openNS(e.ns.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := n.nft()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.DelSet(newOwnSet(weftTable()))
+	if err := c.Flush(); err != nil {
+		t.Fatalf("deleting the own set: %v", err)
+	}
+	n.close()
+	if _, err := g.OwnRanges(); !errors.Is(err, ErrNoGuard) {
+		t.Fatalf("OwnRanges without the set: %v, want ErrNoGuard", err)
+	}
+	if info := e.ensure(t); len(info.Changes) == 0 {
+		t.Fatal("Ensure left the tables without the own set")
+	}
+	if got, err := g.OwnRanges(); err != nil || len(got) != 0 {
+		t.Fatalf("own set after Ensure made it: %v %v, want empty", got, err)
+	}
+	e.cfg.Guard.VXLANPort = 4789
+	e.cfg.Guard.VXLANDevice = vxlanTestDev
+	e.ensure(t)
+	if got, err := g.OwnRanges(); err != nil || len(got) != 0 {
+		t.Fatalf("own set after Ensure: %v %v, want empty", got, err)
+	}
+	first := []AddrRange{addrRange("10.32.9.5", "10.32.9.5"), addrRange("10.32.0.0", "10.32.3.116"),
+		addrRange("10.32.3.117", "10.32.7.255"), addrRange("10.40.17.3", "10.41.0.0"), addrRange("255.255.255.128", "255.255.255.255")}
+	merged := []AddrRange{addrRange("10.32.0.0", "10.32.7.255"), addrRange("10.32.9.5", "10.32.9.5"),
+		addrRange("10.40.17.3", "10.41.0.0"), addrRange("255.255.255.128", "255.255.255.255")}
+	if changed, err := g.SetOwnRanges(first); err != nil || !changed {
+		t.Fatalf("SetOwnRanges: %v %v", changed, err)
+	}
+	check := func(when string, want []AddrRange) {
+		t.Helper()
+		got, err := g.OwnRanges()
+		if err != nil || !slices.Equal(got, want) {
+			t.Fatalf("%s: own set %v %v, want %v", when, got, err, want)
+		}
+	}
+	check("after SetOwnRanges", merged)
+	if changed, err := g.SetOwnRanges(merged); err != nil || changed {
+		t.Fatalf("SetOwnRanges with the same ranges: changed %v, %v", changed, err)
+	}
+	if _, err := g.SetOwnRanges([]AddrRange{addrRange("10.0.0.9", "10.0.0.1")}); err == nil {
+		t.Fatal("SetOwnRanges took a range that ends before it starts")
+	}
+	check("after a refused SetOwnRanges", merged)
+
+	second := []AddrRange{addrRange("10.32.8.0", "10.32.8.255"), addrRange("10.33.0.1", "10.33.1.2")}
+	if changed, err := g.SetOwnRanges(second); err != nil || !changed {
+		t.Fatalf("replacing the own set: %v %v", changed, err)
+	}
+	check("after a replacement", second)
+	if changed, err := g.SetOwnRanges(first); err != nil || !changed {
+		t.Fatalf("replacing the own set again: %v %v", changed, err)
+	}
+	check("after the replacements", merged)
+
+	// A rewrite (another configuration) keeps the elements.
+	e.cfg.Guard.IPIPPeersOnly = false
+	if info := e.ensure(t); len(info.Changes) == 0 {
+		t.Fatal("Ensure with another guard changed nothing")
+	}
+	check("after a rewrite", merged)
+	if info := e.ensure(t); len(info.Changes) != 0 {
+		t.Errorf("a second Ensure changed %v", info.Changes)
+	}
+	check("after a second Ensure", merged)
+	if changed, err := g.SetOwnRanges(nil); err != nil || !changed {
+		t.Fatalf("SetOwnRanges(nil): %v %v", changed, err)
+	}
+	check("emptied", nil)
+
+	e.cfg.Guard = Guard{}
+	e.ensure(t)
+	if _, err := g.SetOwnRanges(merged); !errors.Is(err, ErrNoGuard) {
+		t.Errorf("SetOwnRanges without a guard: %v, want ErrNoGuard", err)
+	}
+}
+
+// TestGuardDropsVXLANNotToPods: what arrives on the VXLAN device to an
+// address outside the pod range is dropped and counted
+// (vxlan-not-to-pods), to the node (input) and through it (forward): the
+// node is no relay for a peer, nor for whoever forges a peer's VXLAN. A
+// local pod's packet to the same host outside is forwarded (the control).
+func TestGuardDropsVXLANNotToPods(t *testing.T) {
+	e := newEnv(t)
+	e.guarded()
+	e.cfg.Guard.VXLANPort = 4789
+	e.cfg.Guard.VXLANDevice = vxlanTestDev
+	e.ensure(t)
+	a := e.addPod(t, "weftaaaaaaaaaaa", netip.MustParseAddr("10.32.0.5"))
+	if _, _, err := SetPodSources(e.ns.Path(), []PodSource{{a.veth, a.addr}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	// A host outside, behind the node: 198.51.100.5 on a veth of its own.
+	outside, err := testutils.NewNS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = outside.Close()
+		_ = testutils.UnmountNS(outside)
+	})
+	out, outPeer := e.veth(t, uniqueName(t, "wo-"), nil)
+	e.addAddr(t, out, "198.51.100.1/24")
+	if err := e.h.LinkSetUp(out); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.h.LinkSetNsFd(e.link(t, outPeer), int(outside.Fd())); err != nil {
+		t.Fatal(err)
+	}
+	host := netip.MustParseAddr("198.51.100.5")
+	err = outside.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName(outPeer)
+		if err != nil {
+			return err
+		}
+		if err := netlink.AddrAdd(l, toAddr(netip.MustParsePrefix("198.51.100.5/24"))); err != nil {
+			return err
+		}
+		return netlink.LinkSetUp(l)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An address of the node outside the pod range: 203.0.113.1.
+	nodeAddr := netip.MustParseAddr("203.0.113.1")
+	peer := e.tunnelSender(t, host, nodeAddr)
+	e.addAddr(t, e.link(t, vxlanTestDev), "203.0.113.1/32")
+	e.sysctl(t, "net/ipv4/conf/all/rp_filter", "0")
+	e.sysctl(t, "net/ipv4/conf/"+vxlanTestDev+"/rp_filter", "0")
+	atHost := listen(t, outside, 9002)
+	nodeNS, err := ns.GetNS(e.ns.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nodeNS.Close()
+	atNode := listen(t, nodeNS, 9003)
+
+	for i, dst := range []netip.Addr{host, nodeAddr} {
+		// From another peer's pod: a source the other checks take.
+		if err := sendRaw(peer, netip.MustParseAddr("10.32.0.64"), dst, unix.IPPROTO_UDP, udpPayload(1000, 9002+i, "relayed")); err != nil {
+			t.Fatal(err)
+		}
+		e.waitCount(t, DropVXLANNotToPods, uint64(i+1))
+	}
+	if err := sendRaw(a.ns, a.addr, host, unix.IPPROTO_UDP, udpPayload(1000, 9002, "control")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-atHost:
+		if !strings.HasSuffix(got, " control") {
+			t.Fatalf("the host outside received %q before the control: it should have been dropped", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the local pod's control did not reach the host outside")
+	}
+	select {
+	case got := <-atNode:
+		t.Errorf("the node's %s received %q", nodeAddr, got)
+	default:
+	}
+	if c, _ := DropCounts(e.ns.Path()); c[DropVXLANSpoofedSource] != 0 {
+		t.Errorf("counted %d as vxlan-spoofed-source: %v", c[DropVXLANSpoofedSource], c)
 	}
 }

@@ -3,12 +3,14 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -438,4 +440,218 @@ func TestVXLANFromUntrustedPeer(t *testing.T) {
 	waitGrown(t, wctx, "n0's guard to drop VXLAN from a peer outside the trusted subnets", func() (map[string]float64, error) { return guardDrops(wctx, n0) },
 		before, map[string]float64{"vxlan-non-peer": 3})
 	expectControl(t, ctx, func(payload []byte) error { return sendUDP(n1.NS, to, packet(payload)) }, sink, target)
+}
+
+// TestVXLANSpoofedInnerSource is the attacker's side of vxlan from a peer:
+// n1, a real peer (or whoever sends from its underlay address), sends
+// well-formed VXLAN to n0's port 4789 whose inner packet, to a pod of n0,
+// comes from (a) an address outside the pod range, or (b) another pod of
+// n0 itself. n0's guard drops both after the decapsulation
+// (vxlan-spoofed-source) and the pod gets nothing; the same packet from
+// n1's real pod (the control) arrives first. A packet from n1's pod to a
+// host outside the pod range, for n0 to relay, is dropped too
+// (vxlan-not-to-pods).
+func TestVXLANSpoofedInnerSource(t *testing.T) {
+	c, ctx := startMeshCluster(t, 2, "--encap", "vxlan")
+	waitModes(t, ctx, c, "vxlan")
+	n0, n1 := c.Nodes[0], c.Nodes[1]
+	target, err := n0.AddPod(ctx, "target")
+	if err != nil {
+		t.Fatal(err)
+	}
+	neighbour, err := n0.AddPod(ctx, "neighbour") // the pod whose address the peer forges
+	if err != nil {
+		t.Fatal(err)
+	}
+	remote, err := n1.AddPod(ctx, "remote")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := listenUDP(t, target, hostilePort)
+	packet := func(src netip.Addr, payload []byte) []byte {
+		inner := ipv4UDP(netip.AddrPortFrom(src, 40000), netip.AddrPortFrom(target.IP, hostilePort), payload)
+		return vxlanFrame(tunnel.DefaultVNI, tunnel.VTEPMAC(n0.PeerName), tunnel.VTEPMAC(n1.PeerName), inner)
+	}
+	// n0's router has put its own ranges into the guard (set own).
+	waitUntil(t, ctx, "n0's guard to hold its own ranges", func() (bool, string) {
+		out, err := n0.NS.Exec(ctx, "nft", "get", "element", "ip", "weft", "own", "{", neighbour.IP.String(), "}")
+		return err == nil, fmt.Sprintf("%s %v", out, err)
+	})
+	if out, err := n0.NS.Exec(ctx, "nft", "list", "table", "ip", "weft"); err == nil {
+		t.Logf("n0's table ip weft:\n%s", out)
+	}
+	to := netip.AddrPortFrom(n0.UnderlayIP, tunnel.DefaultVXLANPort)
+	before, err := guardDrops(ctx, n0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	marker := newMarker("forged")
+	for i, src := range []netip.Addr{netip.MustParseAddr("192.0.2.77"), n1.UnderlayIP, neighbour.IP} {
+		if err := sendUDP(n1.NS, to, packet(src, markerDatagram(marker, i+1))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	diff := waitGrown(t, wctx, "n0's guard to drop VXLAN with a spoofed inner source", func() (map[string]float64, error) { return guardDrops(wctx, n0) },
+		before, map[string]float64{"vxlan-spoofed-source": 3})
+	if diff["vxlan-non-peer"] != 0 {
+		t.Errorf("n0 counted VXLAN from its peer n1 as vxlan-non-peer: %v", diff)
+	}
+	// (c) n1's pod's packet to a host outside the pod range (n1's own
+	// underlay address), through n0 as a relay: dropped (vxlan-not-to-pods).
+	before = guardDropsNow(t, ctx, n0)
+	relay := ipv4UDP(netip.AddrPortFrom(remote.IP, 40000), netip.AddrPortFrom(n1.UnderlayIP, hostilePort), markerDatagram(marker, 4))
+	if err := sendUDP(n1.NS, to, vxlanFrame(tunnel.DefaultVNI, tunnel.VTEPMAC(n0.PeerName), tunnel.VTEPMAC(n1.PeerName), relay)); err != nil {
+		t.Fatal(err)
+	}
+	waitGrown(t, wctx, "n0's guard to drop VXLAN to outside the pod range", func() (map[string]float64, error) { return guardDrops(wctx, n0) },
+		before, map[string]float64{"vxlan-not-to-pods": 1})
+	expectControl(t, ctx, func(payload []byte) error { return sendUDP(n1.NS, to, packet(remote.IP, payload)) }, sink, target)
+}
+
+func guardDropsNow(t *testing.T, ctx context.Context, n *Node) map[string]float64 {
+	t.Helper()
+	m, err := guardDrops(ctx, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// TestVXLANNodeTrafficMasqueraded is TestNodeTrafficMasqueraded with
+// --encap vxlan: a node's own traffic to a pod on another node that a
+// masquerade on the VXLAN device gives the device's address (kube-proxy's
+// rule for a NodePort, or a ClusterIP from a host-network pod, whose
+// endpoint is a pod on another node) reaches the pod and the answer comes
+// back: the receiving node's guard does not drop it as a spoofed inner
+// source (vxlan-spoofed-source).
+func TestVXLANNodeTrafficMasqueraded(t *testing.T) {
+	c, ctx := startMeshCluster(t, 2, "--encap", "vxlan")
+	waitModes(t, ctx, c, "vxlan")
+	n0, n1 := c.Nodes[0], c.Nodes[1]
+	p, err := n1.AddPod(ctx, "p0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, argv := range [][]string{
+		{"nft", "add", "table", "ip", "kubeproxylike"},
+		{"nft", "add", "chain", "ip", "kubeproxylike", "post", "{ type nat hook postrouting priority srcnat; }"},
+		{"nft", "add", "rule", "ip", "kubeproxylike", "post", "oifname", vxlanDev, "ip", "saddr", n0.UnderlayIP.String(), "masquerade"},
+	} {
+		if out, err := n0.NS.Exec(ctx, argv...); err != nil {
+			t.Fatalf("%s: %v\n%s", strings.Join(argv, " "), err, out)
+		}
+	}
+	before, err := guardDrops(ctx, n1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var last error
+	var out []byte
+	for pctx.Err() == nil {
+		out, last = n0.NS.Exec(pctx, "ping", "-n", "-c", "1", "-W", "1", "-I", n0.UnderlayIP.String(), p.IP.String())
+		if last == nil {
+			break
+		}
+	}
+	if last != nil {
+		addrs, _ := n0.NS.Exec(ctx, "ip", "-4", "addr", "show", "dev", vxlanDev)
+		after, _ := guardDrops(ctx, n1)
+		t.Fatalf("n0's masqueraded ping (from %s) to %s on n1: %v\n%s\n%s on n0: %s\nn1's guard drops grown: %v\n%s",
+			n0.UnderlayIP, p.IP, last, out, vxlanDev, addrs, grown(before, after), routerLogs(c))
+	}
+	if err := Ping(ctx, n0.NS, p.IP); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestVXLANDonation: with --encap vxlan, pods of a node whose addresses
+// come from space donated by the other nodes reach the donors' pods and
+// are reached by them: the donors take the space out of their guard's
+// own set (the ring changes on the donor first), so their guards never
+// drop the receiver's pods as their own (vxlan-spoofed-source).
+func TestVXLANDonation(t *testing.T) {
+	const universe = "10.32.0.0/26" // 64 addresses: about 21 each
+	c, ctx := startMeshCluster(t, 3, "--encap", "vxlan", "--ipalloc-init", "consensus=3", "--ipalloc-range", universe)
+	waitModes(t, ctx, c, "vxlan")
+	n0 := c.Nodes[0]
+	first, err := ownedPrefixes(ctx, n0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := map[string]map[string]float64{}
+	for _, n := range c.Nodes {
+		if before[n.Name], err = guardDrops(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var moved []*Pod
+	for i := range 30 {
+		p, err := n0.AddPod(ctx, fmt.Sprintf("d%02d", i))
+		if err != nil {
+			t.Fatalf("pod %d beyond n0's share: %v", i, err)
+		}
+		if !slices.ContainsFunc(first, func(o netip.Prefix) bool { return o.Contains(p.IP) }) {
+			moved = append(moved, p)
+		}
+	}
+	if len(moved) == 0 {
+		t.Fatalf("no pod of n0 got an address from donated space; n0 owned %v at the start", first)
+	}
+	var failed []string
+	for _, n := range c.Nodes[1:] {
+		from, err := n.AddPod(ctx, "r0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, to := range moved {
+			if err := Ping(ctx, from.NS, to.IP); err != nil {
+				failed = append(failed, fmt.Sprintf("%s -> %s (%s)", from, to, to.IP))
+			}
+			if err := Ping(ctx, to.NS, from.IP); err != nil {
+				failed = append(failed, fmt.Sprintf("%s (%s) -> %s", to, to.IP, from))
+			}
+		}
+	}
+	for _, n := range c.Nodes {
+		after, err := guardDrops(ctx, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := grown(before[n.Name], after)["vxlan-spoofed-source"]; d != 0 {
+			t.Errorf("%s's guard dropped %v packets as vxlan-spoofed-source", n.Name, d)
+		}
+	}
+	if len(failed) > 0 {
+		t.Fatalf("%d moved addresses unreachable over vxlan: %v\n%s", len(failed), failed, routerLogs(c))
+	}
+	t.Logf("%d pods of n0 hold addresses from donated space; all reach and are reached by n1's and n2's over vxlan", len(moved))
+}
+
+// ownedPrefixes is what n's /report says it owns.
+func ownedPrefixes(ctx context.Context, n *Node) ([]netip.Prefix, error) {
+	data, err := n.HTTPGet(ctx, "/report")
+	if err != nil {
+		return nil, err
+	}
+	var rep struct {
+		IPAM struct {
+			Owned []string `json:"owned"`
+		} `json:"ipam"`
+	}
+	if err := json.Unmarshal(data, &rep); err != nil {
+		return nil, err
+	}
+	var out []netip.Prefix
+	for _, s := range rep.IPAM.Owned {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, fmt.Errorf("%s's report: owned %q: %w", n.Name, s, err)
+		}
+		out = append(out, p)
+	}
+	return out, nil
 }

@@ -194,11 +194,12 @@ func ownedRanges(ring *ipalloc.Ring) []tunnel.OwnedRange {
 }
 
 func (r *Router) syncRing() {
+	ranges := ownedRanges(r.ipam.Ring())
+	r.syncGuardOwn(ranges, false)
 	gw := r.net().gateway
 	if !gw.IsValid() {
 		return // no bridge address yet to source routes from
 	}
-	ranges := ownedRanges(r.ipam.Ring())
 	if slices.Equal(ranges, r.lastRanges) && !r.resyncDue() {
 		return
 	}
@@ -306,6 +307,8 @@ type guardState struct {
 	mu        sync.Mutex // serialises the reconciles of the sets
 	lastPeers []netip.Addr
 	peersAt   time.Time
+	lastOwn   []bridge.AddrRange // the own set last written
+	ownAt     time.Time
 	warnedAt  time.Time
 
 	// batchMu guards next: the pod sources that ADDs wait to have in the
@@ -333,8 +336,20 @@ func (r *Router) bridgeConfig(ns netState) bridge.Config {
 			GossipPort: uint16(r.cfg.Port), DataPort: uint16(r.cfg.DataPort),
 			IPIPPeersOnly: r.tunnel != nil && r.tunnel.ReceivesIPIP(),
 			VXLANPort:     r.vxlanGuardPort(),
+			VXLANDevice:   r.vxlanGuardDevice(),
 		},
 	}
+}
+
+// vxlanGuardDevice is the kernel VXLAN device whose decapsulated packets
+// the guard checks (their source neither outside the pod range nor in
+// this node's own ranges); "" without vxlan. The router always runs the
+// tunnel's default device (tunnel.Config.VXLANName is left empty).
+func (r *Router) vxlanGuardDevice() string {
+	if r.vxlanGuardPort() == 0 {
+		return ""
+	}
+	return tunnel.DefaultVXLANName
 }
 
 // vxlanGuardPort is the VXLAN port the guard closes to pods and opens to
@@ -350,10 +365,11 @@ func (r *Router) vxlanGuardPort() uint16 {
 	return v.Port
 }
 
-// syncGuard brings both sets of the guard in step now: after the bridge
+// syncGuard brings the sets of the guard in step now: after the bridge
 // was ensured (a first start makes them empty).
 func (r *Router) syncGuard() {
 	r.syncGuardPeers(tunnelPeers(r.mesh.Peers()), true)
+	r.syncGuardOwn(ownedRanges(r.ipam.Ring()), true)
 	if err := r.syncPodSources(); err != nil {
 		r.log.Error("guard: setting the pods' source addresses", "err", err)
 	}
@@ -401,6 +417,44 @@ func (r *Router) syncGuardPeers(peers []tunnel.Peer, force bool) {
 		r.log.Debug("guard: peers' addresses updated", "added", added, "removed", removed, "peers", len(addrs))
 	}
 	g.lastPeers, g.peersAt = addrs, time.Now()
+}
+
+// guardOwnRanges are this node's ranges of the ring (peer self), the
+// guard's own set.
+func guardOwnRanges(ranges []tunnel.OwnedRange, self string) []bridge.AddrRange {
+	var out []bridge.AddrRange
+	for _, o := range ranges {
+		if o.Peer == self {
+			out = append(out, bridge.AddrRange{First: o.First, Last: o.Last})
+		}
+	}
+	return out
+}
+
+// syncGuardOwn makes the guard's own set this node's ranges of ranges
+// (the ring's), when they changed, on every resync, or when force. A
+// donation leaves the donor's set first (its ring changes first), so
+// the receiver's pods are never dropped as the donor's own.
+func (r *Router) syncGuardOwn(ranges []tunnel.OwnedRange, force bool) {
+	own := guardOwnRanges(ranges, r.name)
+	g := &r.guard
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !force && slices.Equal(own, g.lastOwn) && time.Since(g.ownAt) < dataplaneResync {
+		return
+	}
+	changed, err := r.kernel.SetGuardOwnRanges(own)
+	switch {
+	case errors.Is(err, bridge.ErrNoGuard):
+		return // the bridge is not ensured yet; syncGuard follows it
+	case err != nil:
+		r.log.Error("guard: setting this node's ranges", "err", err)
+		return
+	}
+	if changed {
+		r.log.Debug("guard: this node's ranges updated", "ranges", len(own))
+	}
+	g.lastOwn, g.ownAt = own, time.Now()
 }
 
 // podSources are the pods' rights to send, from the allocator: the host
@@ -543,7 +597,7 @@ type guardCollector struct {
 
 func newGuardCollector(k Kernel) *guardCollector {
 	return &guardCollector{kernel: k, desc: prometheus.NewDesc("weft_guard_dropped_packets_total",
-		"Packets the node's nftables guard dropped, by reason (pod-to-router: a pod to a router's gossip or data port, or IPIP from a pod; ipip-non-peer: IPIP from an address that is no peer; pod-spoofed-source, pod-spoofed-arp: a pod sending with an address not its own; pod-protocol: a pod's frame that is neither IPv4 nor ARP; vxlan-non-peer: VXLAN from an address that is no peer). Counts restart when weft rewrites its tables.",
+		"Packets the node's nftables guard dropped, by reason (pod-to-router: a pod to a router's gossip or data port, or IPIP from a pod; ipip-non-peer: IPIP from an address that is no peer; pod-spoofed-source, pod-spoofed-arp: a pod sending with an address not its own; pod-protocol: a pod's frame that is neither IPv4 nor ARP; vxlan-non-peer: VXLAN from an address that is no peer; vxlan-spoofed-source: a packet out of the VXLAN device with a source outside the pod range or in this node's own ranges; vxlan-not-to-pods: a packet out of the VXLAN device to an address outside the pod range). Counts restart when weft rewrites its tables.",
 		[]string{"reason"}, nil)}
 }
 

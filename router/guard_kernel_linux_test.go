@@ -33,6 +33,10 @@ func (k *nsGuardKernel) SetGuardPeers(addrs []netip.Addr) (int, int, error) {
 	return k.g.SetPeerAddrs(addrs)
 }
 
+func (k *nsGuardKernel) SetGuardOwnRanges(ranges []bridge.AddrRange) (bool, error) {
+	return k.g.SetOwnRanges(ranges)
+}
+
 func (k *nsGuardKernel) SetPodSources(want []bridge.PodSource, keep func(bridge.PodSource) bool) ([]bridge.PodSource, []bridge.PodSource, error) {
 	return k.g.SetPodSources(want, keep)
 }

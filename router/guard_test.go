@@ -70,3 +70,22 @@ func TestGuardPeerAddrs(t *testing.T) {
 		}
 	}
 }
+
+// TestGuardOwnRanges: the guard's own set is this peer's ranges of the
+// ring and no other peer's.
+func TestGuardOwnRanges(t *testing.T) {
+	a := func(s string) netip.Addr { return netip.MustParseAddr(s) }
+	ring := []tunnel.OwnedRange{
+		{First: a("10.32.0.0"), Last: a("10.32.3.116"), Peer: "me"},
+		{First: a("10.32.3.117"), Last: a("10.32.9.0"), Peer: "other"},
+		{First: a("10.32.9.1"), Last: a("10.32.9.1"), Peer: "me"},
+		{First: a("10.32.9.2"), Last: a("10.47.255.255"), Peer: "third"},
+	}
+	want := []bridge.AddrRange{{First: a("10.32.0.0"), Last: a("10.32.3.116")}, {First: a("10.32.9.1"), Last: a("10.32.9.1")}}
+	if got := guardOwnRanges(ring, "me"); !slices.Equal(got, want) {
+		t.Errorf("guardOwnRanges(me) = %v, want %v", got, want)
+	}
+	if got := guardOwnRanges(ring, "nobody"); len(got) != 0 {
+		t.Errorf("guardOwnRanges(nobody) = %v, want none", got)
+	}
+}

@@ -39,6 +39,7 @@ type fakeKernel struct {
 	mu         sync.Mutex
 	bridges    []bridge.Config // every EnsureBridge
 	guardPeers []netip.Addr
+	guardOwn   []bridge.AddrRange
 	pods       map[bridge.PodSource]bool
 	teardowns  int
 	tun        *tuntest.Device
@@ -103,6 +104,17 @@ func (k *fakeKernel) SetGuardPeers(addrs []netip.Addr) (int, int, error) {
 	return max(added, 0), max(-added, 0), nil
 }
 
+func (k *fakeKernel) SetGuardOwnRanges(ranges []bridge.AddrRange) (bool, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.pods == nil {
+		return false, bridge.ErrNoGuard
+	}
+	changed := !slices.Equal(ranges, k.guardOwn)
+	k.guardOwn = slices.Clone(ranges)
+	return changed, nil
+}
+
 func (k *fakeKernel) SetPodSources(want []bridge.PodSource, keep func(bridge.PodSource) bool) (added, removed []bridge.PodSource, _ error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -151,6 +163,42 @@ func (k *fakeKernel) RemovePodSource(p bridge.PodSource) (bool, error) {
 }
 
 func (k *fakeKernel) GuardDrops() (map[string]uint64, error) { return map[string]uint64{}, nil }
+
+func (k *fakeKernel) ownRanges() []bridge.AddrRange {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return slices.Clone(k.guardOwn)
+}
+
+// mergedRanges sorts and merges address ranges given as bridge.AddrRange
+// or CIDR strings.
+func mergedRanges[T bridge.AddrRange | string](t *testing.T, in []T) []bridge.AddrRange {
+	t.Helper()
+	var rs []bridge.AddrRange
+	for _, x := range in {
+		switch v := any(x).(type) {
+		case bridge.AddrRange:
+			rs = append(rs, v)
+		case string:
+			p := netip.MustParsePrefix(v)
+			last := p.Addr().As4()
+			for i := p.Bits(); i < 32; i++ {
+				last[i/8] |= 1 << (7 - i%8)
+			}
+			rs = append(rs, bridge.AddrRange{First: p.Addr(), Last: netip.AddrFrom4(last)})
+		}
+	}
+	slices.SortFunc(rs, func(a, b bridge.AddrRange) int { return a.First.Compare(b.First) })
+	var out []bridge.AddrRange
+	for _, r := range rs {
+		if n := len(out); n > 0 && out[n-1].Last.Next() == r.First {
+			out[n-1].Last = r.Last
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
+}
 
 func (k *fakeKernel) state() (bridges []bridge.Config, peers []netip.Addr, pods []bridge.PodSource, teardowns int) {
 	k.mu.Lock()
@@ -464,17 +512,26 @@ func testInProcessCluster(t *testing.T, password string) {
 			t.Errorf("%s: the guard's pod sources %v lack %v", n.name, podSrc, want)
 		}
 	}
-	// The guard takes IPIP from the other two nodes only.
+	// The guard takes IPIP from the other two nodes only; with a
+	// password, from none of them (no --trusted-subnets: guardPeerAddrs).
 	for i, n := range nodes {
 		var want []netip.Addr
 		for j, h := range hosts {
-			if j != i {
+			if j != i && password == "" {
 				want = append(want, netip.MustParseAddr(h))
 			}
 		}
 		waitUntil(t, n.name+"'s guard to know its peers", func() bool {
 			_, got, _, _ := n.kernel.state()
 			return slices.Equal(got, want)
+		})
+	}
+
+	// The guard's own set is each node's own ranges of the ring.
+	for i, n := range nodes {
+		want := mergedRanges(t, reps[i].IPAM.Owned)
+		waitUntil(t, n.name+"'s guard to have its own ranges", func() bool {
+			return slices.Equal(mergedRanges(t, n.kernel.ownRanges()), want)
 		})
 	}
 

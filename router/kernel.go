@@ -31,6 +31,11 @@ type Kernel interface {
 	// (IPIP is accepted from them only) exactly addrs; bridge.ErrNoGuard
 	// before EnsureBridge made the guard.
 	SetGuardPeers(addrs []netip.Addr) (added, removed int, err error)
+	// SetGuardOwnRanges makes the guard's set of this node's ranges of
+	// the ring (what the VXLAN device may not bring in as a source)
+	// exactly ranges, in one batch, and says whether it changed;
+	// bridge.ErrNoGuard before EnsureBridge made the guard.
+	SetGuardOwnRanges(ranges []bridge.AddrRange) (changed bool, err error)
 	// SetPodSources makes the guard's set of (host veth, pod address)
 	// pairs want, keeping entries that keep says to (bridge.SetPodSources).
 	SetPodSources(want []bridge.PodSource, keep func(bridge.PodSource) bool) (added, removed []bridge.PodSource, err error)
@@ -86,6 +91,10 @@ func (*HostKernel) NewTunnel(cfg tunnel.Config) (*tunnel.Device, error) { return
 
 func (k *HostKernel) SetGuardPeers(addrs []netip.Addr) (int, int, error) {
 	return k.guardConn().SetPeerAddrs(addrs)
+}
+
+func (k *HostKernel) SetGuardOwnRanges(ranges []bridge.AddrRange) (bool, error) {
+	return k.guardConn().SetOwnRanges(ranges)
 }
 
 func (k *HostKernel) SetPodSources(want []bridge.PodSource, keep func(bridge.PodSource) bool) ([]bridge.PodSource, []bridge.PodSource, error) {

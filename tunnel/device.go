@@ -126,6 +126,7 @@ type Device struct {
 	local   []Mode                  // what this node can do, fastest first
 	routing RouteApplier
 	tunSrc  netip.Addr  // the address SetSourceAddr last gave the TUN device; SetRing clears it to check again
+	vxSrc   netip.Addr  // and the VXLAN device
 	vtep    *VTEP       // this node's end of vxlan; nil: no vxlan
 	vteps   VTEPApplier // the VXLAN device's neighbours and FDB
 	// vtepsDone is the entries applyVTEPsLocked last made the device
@@ -579,9 +580,9 @@ func (d *Device) SetRing(ranges []OwnedRange, src netip.Addr) error {
 		err = d.applyVTEPsLocked(true)
 	}
 	// The ring's apply (on a change, and the router's resync) checks the
-	// TUN device's address against the kernel too, as it does the routes:
-	// one removed by hand comes back.
-	d.tunSrc = netip.Addr{}
+	// TUN and VXLAN devices' address against the kernel too, as it does
+	// the routes: one removed by hand comes back.
+	d.tunSrc, d.vxSrc = netip.Addr{}, netip.Addr{}
 	return errors.Join(err, d.applyRoutesLocked())
 }
 
@@ -648,21 +649,39 @@ func (d *Device) applyRoutesLocked() error {
 	if err != nil {
 		return fmt.Errorf("reconciling tunnel routes: %w", err)
 	}
-	if s, ok := d.routing.(sourceSetter); ok && d.src.IsValid() && d.src != d.tunSrc {
-		changed, err := s.SetSourceAddr(d.tun.Name(), d.src)
+	// The TUN device, and the VXLAN device where there is one: a
+	// masquerade through a device without the bridge address would take
+	// the underlay address, a source outside the pod range that the peer
+	// drops (spoofed-source, vxlan-spoofed-source).
+	s, ok := d.routing.(sourceSetter)
+	if !ok || !d.src.IsValid() {
+		return nil
+	}
+	for _, dev := range []struct {
+		name string
+		on   bool
+		last *netip.Addr
+	}{
+		{d.tun.Name(), true, &d.tunSrc},
+		{d.cfg.VXLANName, d.vtep != nil, &d.vxSrc},
+	} {
+		if !dev.on || *dev.last == d.src {
+			continue
+		}
+		changed, err := s.SetSourceAddr(dev.name, d.src)
 		if err != nil {
 			return fmt.Errorf("tunnel: %w", err)
 		}
-		d.tunSrc = d.src
+		*dev.last = d.src
 		if changed {
-			d.log.Info("tunnel device has the bridge address", "device", d.tun.Name(), "address", d.src.String())
+			d.log.Info("tunnel device has the bridge address", "device", dev.name, "address", d.src.String())
 		}
 	}
 	return nil
 }
 
-// sourceSetter is a RouteApplier that can give the TUN device the bridge
-// address (NetlinkRoutes.SetSourceAddr).
+// sourceSetter is a RouteApplier that can give the TUN and VXLAN devices
+// the bridge address (NetlinkRoutes.SetSourceAddr).
 type sourceSetter interface {
 	SetSourceAddr(dev string, addr netip.Addr) (changed bool, err error)
 }
