@@ -312,6 +312,66 @@ func vxlanFrame(vni uint32, dst, src [6]byte, inner []byte) []byte {
 	return append(b, inner...)
 }
 
+// vxlanVictim is a pod of node to that listens for forged datagrams, and
+// the VXLAN packets an attacker sends to its node: an inner UDP datagram
+// to the pod, in an Ethernet frame from the VTEP of peer from to the VTEP
+// of to, as peer from's kernel would send it.
+type vxlanVictim struct {
+	pod      *Pod
+	sink     *udpSink
+	to, from *Node
+	port     netip.AddrPort // to's VXLAN port
+	marker   string
+	sent     int
+}
+
+func newVXLANVictim(t *testing.T, ctx context.Context, to, from *Node) *vxlanVictim {
+	t.Helper()
+	pod, err := to.AddPod(ctx, "target")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &vxlanVictim{pod: pod, sink: listenUDP(t, pod, hostilePort), to: to, from: from,
+		port: netip.AddrPortFrom(to.UnderlayIP, tunnel.DefaultVXLANPort), marker: newMarker("forged")}
+}
+
+// packet is the VXLAN payload of a datagram from src to dst:hostilePort.
+func (v *vxlanVictim) packet(src, dst netip.Addr, payload []byte) []byte {
+	inner := ipv4UDP(netip.AddrPortFrom(src, 40000), netip.AddrPortFrom(dst, hostilePort), payload)
+	return vxlanFrame(tunnel.DefaultVNI, tunnel.VTEPMAC(v.to.PeerName), tunnel.VTEPMAC(v.from.PeerName), inner)
+}
+
+// forge sends from ns, to port, one forged datagram (a fresh sequence
+// number of the marker) per source in srcs, to the pod.
+func (v *vxlanVictim) forge(t *testing.T, ns *Netns, port netip.AddrPort, srcs ...netip.Addr) {
+	t.Helper()
+	for _, src := range srcs {
+		v.sent++
+		if err := sendUDP(ns, port, v.packet(src, v.pod.IP, markerDatagram(v.marker, v.sent))); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// dropped sends with send and waits (20 s at most) for n's guard to count
+// the drops want; it returns what grew.
+func (v *vxlanVictim) dropped(t *testing.T, ctx context.Context, n *Node, what string, want map[string]float64, send func()) map[string]float64 {
+	t.Helper()
+	before := guardDropsNow(t, ctx, n)
+	send()
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	return waitGrown(t, wctx, what, func() (map[string]float64, error) { return guardDrops(wctx, n) }, before, want)
+}
+
+// control sends the legitimate datagram, from peer from's pod at src, and
+// wants it to be the first the pod receives: none of the forged ones came
+// before it.
+func (v *vxlanVictim) control(t *testing.T, ctx context.Context, src netip.Addr) {
+	t.Helper()
+	expectControl(t, ctx, func(payload []byte) error { return sendUDP(v.from.NS, v.port, v.packet(src, v.pod.IP, payload)) }, v.sink, v.pod)
+}
+
 // TestVXLANFromNonPeer is the attacker's side of vxlan: a host on the
 // underlay that is no peer sends well-formed VXLAN packets to a node's
 // port 4789, with an inner packet from a pod of another node to a pod of
@@ -322,54 +382,27 @@ func TestVXLANFromNonPeer(t *testing.T) {
 	c, ctx := startMeshCluster(t, 2, "--encap", "vxlan")
 	waitModes(t, ctx, c, "vxlan")
 	n0, n1 := c.Nodes[0], c.Nodes[1]
-	target, err := n0.AddPod(ctx, "target")
-	if err != nil {
-		t.Fatal(err)
-	}
+	v := newVXLANVictim(t, ctx, n0, n1)
 	remote, err := n1.AddPod(ctx, "remote")
 	if err != nil {
 		t.Fatal(err)
 	}
-	sink := listenUDP(t, target, hostilePort)
 	evil, err := c.AddNode(ctx, "evil") // on the underlay, no router: no peer
 	if err != nil {
 		t.Fatal(err)
 	}
-	packet := func(payload []byte) []byte {
-		inner := ipv4UDP(netip.AddrPortFrom(remote.IP, 40000), netip.AddrPortFrom(target.IP, hostilePort), payload)
-		return vxlanFrame(tunnel.DefaultVNI, tunnel.VTEPMAC(n0.PeerName), tunnel.VTEPMAC(n1.PeerName), inner)
-	}
-	to := netip.AddrPortFrom(n0.UnderlayIP, tunnel.DefaultVXLANPort)
-	before, err := guardDrops(ctx, n0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	marker := newMarker("forged")
-	for i := range 3 {
-		if err := sendUDP(evil.NS, to, packet(markerDatagram(marker, i+1))); err != nil {
-			t.Fatal(err)
-		}
-	}
-	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-	defer cancel()
-	waitGrown(t, wctx, "n0's guard to drop VXLAN from a non-peer", func() (map[string]float64, error) { return guardDrops(wctx, n0) },
-		before, map[string]float64{"vxlan-non-peer": 3})
+	v.dropped(t, ctx, n0, "n0's guard to drop VXLAN from a non-peer", map[string]float64{"vxlan-non-peer": 3}, func() {
+		v.forge(t, evil.NS, v.port, remote.IP, remote.IP, remote.IP)
+	})
 
 	// A pod of n1 sends the same packet (its own address inside) to n0's
 	// VXLAN port, and to its own node's: n1 would masquerade the first to
 	// its own underlay address, a peer's, so n1's guard drops both.
-	before1, err := guardDrops(ctx, n1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, dst := range []netip.AddrPort{to, netip.AddrPortFrom(n1.UnderlayIP, tunnel.DefaultVXLANPort)} {
-		if err := sendUDP(remote.NS, dst, packet(markerDatagram(marker, 10+i))); err != nil {
-			t.Fatal(err)
-		}
-	}
-	waitGrown(t, wctx, "n1's guard to drop its pod's VXLAN", func() (map[string]float64, error) { return guardDrops(wctx, n1) },
-		before1, map[string]float64{"pod-to-router": 2})
-	expectControl(t, ctx, func(payload []byte) error { return sendUDP(n1.NS, to, packet(payload)) }, sink, target)
+	v.dropped(t, ctx, n1, "n1's guard to drop its pod's VXLAN", map[string]float64{"pod-to-router": 2}, func() {
+		v.forge(t, remote.NS, v.port, remote.IP)
+		v.forge(t, remote.NS, netip.AddrPortFrom(n1.UnderlayIP, tunnel.DefaultVXLANPort), remote.IP)
+	})
+	v.control(t, ctx, remote.IP)
 }
 
 // TestVXLANFromUntrustedPeer: with a password, VXLAN is taken only from
@@ -411,35 +444,15 @@ func TestVXLANFromUntrustedPeer(t *testing.T) {
 		mode2, known2 := m[n2.PeerName]
 		return err == nil && m[n1.PeerName] == "vxlan" && known2 && mode2 == "", fmt.Sprintf("%v %v", m, err)
 	})
-	target, err := n0.AddPod(ctx, "target")
-	if err != nil {
-		t.Fatal(err)
-	}
+	v := newVXLANVictim(t, ctx, n0, n1)
 	remote, err := n1.AddPod(ctx, "remote")
 	if err != nil {
 		t.Fatal(err)
 	}
-	sink := listenUDP(t, target, hostilePort)
-	packet := func(payload []byte) []byte {
-		inner := ipv4UDP(netip.AddrPortFrom(remote.IP, 40000), netip.AddrPortFrom(target.IP, hostilePort), payload)
-		return vxlanFrame(tunnel.DefaultVNI, tunnel.VTEPMAC(n0.PeerName), tunnel.VTEPMAC(n1.PeerName), inner)
-	}
-	to := netip.AddrPortFrom(n0.UnderlayIP, tunnel.DefaultVXLANPort)
-	before, err := guardDrops(ctx, n0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	marker := newMarker("forged")
-	for i := range 3 {
-		if err := sendUDP(n2.NS, to, packet(markerDatagram(marker, i+1))); err != nil {
-			t.Fatal(err)
-		}
-	}
-	wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
-	defer wcancel()
-	waitGrown(t, wctx, "n0's guard to drop VXLAN from a peer outside the trusted subnets", func() (map[string]float64, error) { return guardDrops(wctx, n0) },
-		before, map[string]float64{"vxlan-non-peer": 3})
-	expectControl(t, ctx, func(payload []byte) error { return sendUDP(n1.NS, to, packet(payload)) }, sink, target)
+	v.dropped(t, ctx, n0, "n0's guard to drop VXLAN from a peer outside the trusted subnets", map[string]float64{"vxlan-non-peer": 3}, func() {
+		v.forge(t, n2.NS, v.port, remote.IP, remote.IP, remote.IP)
+	})
+	v.control(t, ctx, remote.IP)
 }
 
 // TestVXLANSpoofedInnerSource is the attacker's side of vxlan from a peer:
@@ -455,10 +468,7 @@ func TestVXLANSpoofedInnerSource(t *testing.T) {
 	c, ctx := startMeshCluster(t, 2, "--encap", "vxlan")
 	waitModes(t, ctx, c, "vxlan")
 	n0, n1 := c.Nodes[0], c.Nodes[1]
-	target, err := n0.AddPod(ctx, "target")
-	if err != nil {
-		t.Fatal(err)
-	}
+	v := newVXLANVictim(t, ctx, n0, n1)
 	neighbour, err := n0.AddPod(ctx, "neighbour") // the pod whose address the peer forges
 	if err != nil {
 		t.Fatal(err)
@@ -466,11 +476,6 @@ func TestVXLANSpoofedInnerSource(t *testing.T) {
 	remote, err := n1.AddPod(ctx, "remote")
 	if err != nil {
 		t.Fatal(err)
-	}
-	sink := listenUDP(t, target, hostilePort)
-	packet := func(src netip.Addr, payload []byte) []byte {
-		inner := ipv4UDP(netip.AddrPortFrom(src, 40000), netip.AddrPortFrom(target.IP, hostilePort), payload)
-		return vxlanFrame(tunnel.DefaultVNI, tunnel.VTEPMAC(n0.PeerName), tunnel.VTEPMAC(n1.PeerName), inner)
 	}
 	// n0's router has put its own ranges into the guard (set own).
 	waitUntil(t, ctx, "n0's guard to hold its own ranges", func() (bool, string) {
@@ -480,34 +485,21 @@ func TestVXLANSpoofedInnerSource(t *testing.T) {
 	if out, err := n0.NS.Exec(ctx, "nft", "list", "table", "ip", "weft"); err == nil {
 		t.Logf("n0's table ip weft:\n%s", out)
 	}
-	to := netip.AddrPortFrom(n0.UnderlayIP, tunnel.DefaultVXLANPort)
-	before, err := guardDrops(ctx, n0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	marker := newMarker("forged")
-	for i, src := range []netip.Addr{netip.MustParseAddr("192.0.2.77"), n1.UnderlayIP, neighbour.IP} {
-		if err := sendUDP(n1.NS, to, packet(src, markerDatagram(marker, i+1))); err != nil {
-			t.Fatal(err)
-		}
-	}
-	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-	defer cancel()
-	diff := waitGrown(t, wctx, "n0's guard to drop VXLAN with a spoofed inner source", func() (map[string]float64, error) { return guardDrops(wctx, n0) },
-		before, map[string]float64{"vxlan-spoofed-source": 3})
+	diff := v.dropped(t, ctx, n0, "n0's guard to drop VXLAN with a spoofed inner source", map[string]float64{"vxlan-spoofed-source": 3}, func() {
+		v.forge(t, n1.NS, v.port, netip.MustParseAddr("192.0.2.77"), n1.UnderlayIP, neighbour.IP)
+	})
 	if diff["vxlan-non-peer"] != 0 {
 		t.Errorf("n0 counted VXLAN from its peer n1 as vxlan-non-peer: %v", diff)
 	}
 	// (c) n1's pod's packet to a host outside the pod range (n1's own
 	// underlay address), through n0 as a relay: dropped (vxlan-not-to-pods).
-	before = guardDropsNow(t, ctx, n0)
-	relay := ipv4UDP(netip.AddrPortFrom(remote.IP, 40000), netip.AddrPortFrom(n1.UnderlayIP, hostilePort), markerDatagram(marker, 4))
-	if err := sendUDP(n1.NS, to, vxlanFrame(tunnel.DefaultVNI, tunnel.VTEPMAC(n0.PeerName), tunnel.VTEPMAC(n1.PeerName), relay)); err != nil {
-		t.Fatal(err)
-	}
-	waitGrown(t, wctx, "n0's guard to drop VXLAN to outside the pod range", func() (map[string]float64, error) { return guardDrops(wctx, n0) },
-		before, map[string]float64{"vxlan-not-to-pods": 1})
-	expectControl(t, ctx, func(payload []byte) error { return sendUDP(n1.NS, to, packet(remote.IP, payload)) }, sink, target)
+	v.dropped(t, ctx, n0, "n0's guard to drop VXLAN to outside the pod range", map[string]float64{"vxlan-not-to-pods": 1}, func() {
+		v.sent++
+		if err := sendUDP(n1.NS, v.port, v.packet(remote.IP, n1.UnderlayIP, markerDatagram(v.marker, v.sent))); err != nil {
+			t.Fatal(err)
+		}
+	})
+	v.control(t, ctx, remote.IP)
 }
 
 func guardDropsNow(t *testing.T, ctx context.Context, n *Node) map[string]float64 {
