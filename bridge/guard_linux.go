@@ -434,6 +434,63 @@ func podElements(ps []PodSource) []nftables.SetElement {
 	return out
 }
 
+// readSet reads the elements of set name of table t (under g.do).
+func readSet(g *GuardConn, c *nftables.Conn, t *nftables.Table, name string) (*nftables.Set, []nftables.SetElement, error) {
+	s, err := g.set(c, t, name)
+	if err != nil {
+		return nil, nil, err
+	}
+	els, err := c.GetSetElements(s)
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading nftables set %s %s %s: %w", familyName(t.Family), TableName, name, err)
+	}
+	return s, els, nil
+}
+
+// syncSet makes set name of table t (under g.do) hold want: it reads the
+// set, decoding each element with decode, and adds what is missing and
+// deletes what is not wanted (unless keep says to keep it), in one kernel
+// batch. It returns what it added and deleted.
+func syncSet[T comparable](g *GuardConn, c *nftables.Conn, t *nftables.Table, name string, want []T,
+	decode func(nftables.SetElement) (T, bool), encode func([]T) []nftables.SetElement,
+	cmp func(a, b T) int, keep func(T) bool) (add, del []T, err error) {
+	s, els, err := readSet(g, c, t, name)
+	if err != nil {
+		return nil, nil, err
+	}
+	var have []T
+	for _, e := range els {
+		if v, ok := decode(e); ok {
+			have = append(have, v)
+		}
+	}
+	add, del = diffSet(want, have, cmp)
+	if keep != nil {
+		del = slices.DeleteFunc(del, keep)
+	}
+	if len(add)+len(del) == 0 {
+		return nil, nil, nil
+	}
+	if len(add) > 0 {
+		if err := c.SetAddElements(s, encode(add)); err != nil {
+			return nil, nil, err
+		}
+	}
+	if len(del) > 0 {
+		if err := c.SetDeleteElements(s, encode(del)); err != nil {
+			return nil, nil, err
+		}
+	}
+	if err := c.Flush(); err != nil {
+		return nil, nil, fmt.Errorf("updating nftables set %s %s %s: %w", familyName(t.Family), TableName, name, err)
+	}
+	return add, del, nil
+}
+
+func addrOfElement(e nftables.SetElement) (netip.Addr, bool) { return netip.AddrFromSlice(e.Key) }
+
+func podOfElement(e nftables.SetElement) (PodSource, bool) { return podFromKey(e.Key) }
+
 // SetPeerAddrs makes the peers set of table ip weft (IPIP is accepted only
 // from these underlay addresses) exactly addrs, in one batch, and says how
 // many it added and removed. It returns ErrNoGuard (wrapped) before Ensure
@@ -445,40 +502,9 @@ func (g *GuardConn) SetPeerAddrs(addrs []netip.Addr) (added, removed int, err er
 		}
 	}
 	err = g.do(func(c *nftables.Conn) error {
-		added, removed = 0, 0
-		s, err := g.set(c, weftTable(), peersSet)
-		if err != nil {
-			return err
-		}
-		els, err := c.GetSetElements(s)
-		if err != nil {
-			return fmt.Errorf("reading nftables set ip %s %s: %w", TableName, peersSet, err)
-		}
-		var have []netip.Addr
-		for _, e := range els {
-			if a, ok := netip.AddrFromSlice(e.Key); ok {
-				have = append(have, a)
-			}
-		}
-		add, del := diffSet(addrs, have, netip.Addr.Compare)
-		if len(add)+len(del) == 0 {
-			return nil
-		}
-		if len(add) > 0 {
-			if err := c.SetAddElements(s, addrElements(add)); err != nil {
-				return err
-			}
-		}
-		if len(del) > 0 {
-			if err := c.SetDeleteElements(s, addrElements(del)); err != nil {
-				return err
-			}
-		}
-		if err := c.Flush(); err != nil {
-			return fmt.Errorf("updating nftables set ip %s %s: %w", TableName, peersSet, err)
-		}
+		add, del, err := syncSet(g, c, weftTable(), peersSet, addrs, addrOfElement, addrElements, netip.Addr.Compare, nil)
 		added, removed = len(add), len(del)
-		return nil
+		return err
 	})
 	if err != nil {
 		return 0, 0, err
@@ -491,13 +517,9 @@ func (g *GuardConn) SetPeerAddrs(addrs []netip.Addr) (added, removed int, err er
 func (g *GuardConn) OwnRanges() ([]AddrRange, error) {
 	var out []AddrRange
 	err := g.do(func(c *nftables.Conn) error {
-		s, err := g.set(c, weftTable(), ownSet)
+		_, els, err := readSet(g, c, weftTable(), ownSet)
 		if err != nil {
 			return err
-		}
-		els, err := c.GetSetElements(s)
-		if err != nil {
-			return fmt.Errorf("reading nftables set ip %s %s: %w", TableName, ownSet, err)
 		}
 		out = rangesOfBounds(boundsOfElements(els))
 		return nil
@@ -519,13 +541,9 @@ func (g *GuardConn) SetOwnRanges(ranges []AddrRange) (changed bool, err error) {
 	want := rangesOfBounds(bs)
 	err = g.do(func(c *nftables.Conn) error {
 		changed = false
-		s, err := g.set(c, weftTable(), ownSet)
+		s, els, err := readSet(g, c, weftTable(), ownSet)
 		if err != nil {
 			return err
-		}
-		els, err := c.GetSetElements(s)
-		if err != nil {
-			return fmt.Errorf("reading nftables set ip %s %s: %w", TableName, ownSet, err)
 		}
 		if slices.Equal(rangesOfBounds(boundsOfElements(els)), want) && len(els) == len(bs) {
 			return nil
@@ -562,43 +580,9 @@ func (g *GuardConn) SetPodSources(want []PodSource, keep func(PodSource) bool) (
 		}
 	}
 	err = g.do(func(c *nftables.Conn) error {
-		added, removed = nil, nil
-		s, err := g.set(c, bridgeTable(), podsSet)
-		if err != nil {
-			return err
-		}
-		els, err := c.GetSetElements(s)
-		if err != nil {
-			return fmt.Errorf("reading nftables set bridge %s %s: %w", TableName, podsSet, err)
-		}
-		var have []PodSource
-		for _, e := range els {
-			if p, ok := podFromKey(e.Key); ok {
-				have = append(have, p)
-			}
-		}
-		add, del := diffSet(want, have, comparePodSources)
-		if keep != nil {
-			del = slices.DeleteFunc(del, keep)
-		}
-		if len(add)+len(del) == 0 {
-			return nil
-		}
-		if len(add) > 0 {
-			if err := c.SetAddElements(s, podElements(add)); err != nil {
-				return err
-			}
-		}
-		if len(del) > 0 {
-			if err := c.SetDeleteElements(s, podElements(del)); err != nil {
-				return err
-			}
-		}
-		if err := c.Flush(); err != nil {
-			return fmt.Errorf("updating nftables set bridge %s %s: %w", TableName, podsSet, err)
-		}
-		added, removed = add, del
-		return nil
+		var err error
+		added, removed, err = syncSet(g, c, bridgeTable(), podsSet, want, podOfElement, podElements, comparePodSources, keep)
+		return err
 	})
 	if err != nil {
 		return nil, nil, err
