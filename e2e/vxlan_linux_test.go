@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -13,49 +12,29 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
-
+	"github.com/weft-net/weft/internal/nscluster"
 	"github.com/weft-net/weft/tunnel"
 )
 
 // vxlanDev is the kernel VXLAN device of --encap vxlan (tunnel.DefaultVXLANName).
 const vxlanDev = "weft-vx"
 
-// syncBuffer is a bytes.Buffer that a child process writes while the test
-// reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // flow is a continuous ping (every 50 ms) from one pod to another: the
 // ping(8) of the pod's namespace, stopped with SIGINT for its summary.
 type flow struct {
 	from, to *Pod
 	cmd      *exec.Cmd
-	out      *syncBuffer
+	out      *nscluster.SyncBuffer
 	done     chan error
 }
 
 func startFlow(t *testing.T, from, to *Pod) *flow {
 	t.Helper()
-	f := &flow{from: from, to: to, out: &syncBuffer{}, done: make(chan error, 1)}
+	f := &flow{from: from, to: to, out: &nscluster.SyncBuffer{}, done: make(chan error, 1)}
 	err := from.NS.Do(func() error {
 		f.cmd = exec.Command("ping", "-n", "-i", "0.05", "-W", "1", to.IP.String())
 		f.cmd.Stdout, f.cmd.Stderr = f.out, f.out

@@ -1,7 +1,6 @@
 package kubeapi
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"os"
@@ -10,25 +9,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/weft-net/weft/internal/nscluster"
 )
-
-// syncBuffer is a log sink shared by goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // fakeTools writes a module with two tiny main packages, standing in for
 // the tools module.
@@ -64,7 +47,7 @@ func TestBuilderOnce(t *testing.T) {
 		t.Skip(err)
 	}
 	toolsDir, tools := fakeTools(t)
-	var logs syncBuffer
+	var logs nscluster.SyncBuffer
 	b := builder{goBin: goBin, toolsDir: toolsDir, tools: tools, log: slog.New(slog.NewTextHandler(&logs, nil))}
 	entry := filepath.Join(t.TempDir(), "cache", "kube-0123456789ab")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
