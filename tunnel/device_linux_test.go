@@ -37,7 +37,7 @@ func skipUnlessRoot(t *testing.T) {
 func newPair(t *testing.T, podMTU int) *netnstest.Pair {
 	t.Helper()
 	skipUnlessRoot(t)
-	prefix := netnstest.Prefix()
+	prefix := netnstest.Prefix(t)
 	p, err := netnstest.NewPair(prefix, podMTU)
 	if err != nil {
 		t.Fatalf("building the namespaces: %v", err)
@@ -243,7 +243,7 @@ func TestKernelPathMTU(t *testing.T) {
 // the "via <owner> onlink" form.
 func TestKernelRouteApplier(t *testing.T) {
 	skipUnlessRoot(t)
-	prefix := netnstest.Prefix()
+	prefix := netnstest.Prefix(t)
 	n, err := netnstest.Add(prefix + "-r")
 	if err != nil {
 		t.Fatal(err)
@@ -341,7 +341,7 @@ func TestKernelRouteApplier(t *testing.T) {
 // as its local end, and made again compatible when adopted.
 func TestKernelIPIPDetection(t *testing.T) {
 	skipUnlessRoot(t)
-	n, err := netnstest.Add(netnstest.Prefix() + "-k")
+	n, err := netnstest.Add(netnstest.Prefix(t) + "-k")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -67,34 +67,9 @@ func NewRun(opts Options) (*Run, error) {
 	if err := sweep(context.Background(), base, log); err != nil {
 		log.Warn("sweeping leftovers of dead runs", "err", err)
 	}
-	me, err := currentOwner()
-	if err != nil {
-		return nil, err
-	}
-	if err := os.MkdirAll(base, 0o755); err != nil {
-		return nil, fmt.Errorf("e2e: making the run registry %s: %w", base, err)
-	}
 	r := &Run{log: log, binDir: opts.BinDir}
-	for try := 0; ; try++ {
-		r.prefix, err = newPrefix()
-		if err != nil {
-			return nil, err
-		}
-		r.markerDir = filepath.Join(base, r.prefix)
-		if nsWithPrefix(r.prefix) == 0 {
-			if err = os.Mkdir(r.markerDir, 0o700); err == nil {
-				break
-			}
-			if !errors.Is(err, os.ErrExist) {
-				return nil, fmt.Errorf("e2e: claiming run prefix in %s: %w", base, err)
-			}
-		}
-		if try == 10 {
-			return nil, fmt.Errorf("e2e: no free run prefix after %d tries", try)
-		}
-	}
-	if err := writeMarker(r.markerDir, me); err != nil {
-		_ = os.RemoveAll(r.markerDir)
+	var err error
+	if r.prefix, r.markerDir, err = claimPrefix(base); err != nil {
 		return nil, err
 	}
 	// Record where the directory goes before making it, so that a crash in
@@ -111,6 +86,57 @@ func NewRun(opts Options) (*Run, error) {
 	r.Defer("remove "+r.dir, func() error { return os.RemoveAll(r.dir) })
 	log.Info("e2e run started", "prefix", r.prefix, "dir", r.dir)
 	return r, nil
+}
+
+// claimPrefix claims a fresh prefix under the registry base: a prefix no
+// namespace has, whose record it makes with this process as the owner.
+func claimPrefix(base string) (prefix, markerDir string, err error) {
+	me, err := currentOwner()
+	if err != nil {
+		return "", "", err
+	}
+	if err := os.MkdirAll(base, 0o755); err != nil {
+		return "", "", fmt.Errorf("e2e: making the run registry %s: %w", base, err)
+	}
+	for try := 0; ; try++ {
+		prefix, err = newPrefix()
+		if err != nil {
+			return "", "", err
+		}
+		markerDir = filepath.Join(base, prefix)
+		if nsWithPrefix(prefix) == 0 {
+			if err = os.Mkdir(markerDir, 0o700); err == nil {
+				break
+			}
+			if !errors.Is(err, os.ErrExist) {
+				return "", "", fmt.Errorf("e2e: claiming run prefix in %s: %w", base, err)
+			}
+		}
+		if try == 10 {
+			return "", "", fmt.Errorf("e2e: no free run prefix after %d tries", try)
+		}
+	}
+	if err := writeMarker(markerDir, me); err != nil {
+		_ = os.RemoveAll(markerDir)
+		return "", "", err
+	}
+	return prefix, markerDir, nil
+}
+
+// ClaimPrefix is NewRun's claim alone, for tests that make their own
+// namespaces (named <prefix>-*) without a Run: it sweeps what dead runs
+// left behind, claims a fresh prefix and records this process as its
+// owner, so that namespaces a killed test leaves are swept by the next
+// run. release removes the record: call it once the namespaces are gone.
+func ClaimPrefix() (prefix string, release func() error, err error) {
+	// What cannot be swept now is tried again by the next run, as NewRun
+	// does; it does not stop this one.
+	_ = sweep(context.Background(), markerBase, slog.New(slog.DiscardHandler))
+	prefix, dir, err := claimPrefix(markerBase)
+	if err != nil {
+		return "", nil, err
+	}
+	return prefix, func() error { return os.RemoveAll(dir) }, nil
 }
 
 // newPrefix returns "wft" and five random lower-case base32 characters.

@@ -142,7 +142,7 @@ func inNetns(t *testing.T, fn func()) {
 	if os.Geteuid() != 0 {
 		t.Skip("skipping: needs root to make a network namespace and raw sockets")
 	}
-	n, err := netnstest.Add(netnstest.Prefix() + "-c")
+	n, err := netnstest.Add(netnstest.Prefix(t) + "-c")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -132,11 +132,16 @@ func (b *bench) run(modes []string, naive bool) error {
 		}
 	}()
 	pair := func(podMTU int) (*netnstest.Pair, error) {
-		p, err := netnstest.NewPair(netnstest.Prefix(), podMTU)
+		prefix, release, err := netnstest.Claim()
 		if err != nil {
 			return nil, err
 		}
-		cleanups = append(cleanups, func() { p.Close() })
+		p, err := netnstest.NewPair(prefix, podMTU)
+		if err != nil {
+			release()
+			return nil, err
+		}
+		cleanups = append(cleanups, func() { p.Close(); release() })
 		return p, nil
 	}
 	// Baselines: the underlay and kernel VXLAN, between the node namespaces.

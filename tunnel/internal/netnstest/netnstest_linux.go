@@ -8,8 +8,6 @@ package netnstest
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -17,10 +15,13 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/weft-net/weft/internal/nscluster"
 )
 
 // NS is a named network namespace (ip netns add).
@@ -29,12 +30,29 @@ type NS struct {
 	Path string
 }
 
-// Prefix returns a fresh per-run prefix for namespace names: "wtn" and 6
-// hex digits.
-func Prefix() string {
-	b := make([]byte, 3)
-	_, _ = rand.Read(b)
-	return "wtn" + hex.EncodeToString(b)
+// Prefix returns a fresh per-run prefix for namespace names, claimed in
+// the e2e run registry (nscluster.ClaimPrefix): namespaces that a killed
+// test leaves behind are swept by the next run. The claim is released
+// when tb's test ends (after the cleanups that remove its namespaces,
+// registered later, have run).
+func Prefix(tb testing.TB) string {
+	tb.Helper()
+	prefix, release, err := Claim()
+	if err != nil {
+		tb.Fatalf("claiming a namespace prefix: %v", err)
+	}
+	tb.Cleanup(func() {
+		if err := release(); err != nil {
+			tb.Errorf("releasing namespace prefix %s: %v", prefix, err)
+		}
+	})
+	return prefix
+}
+
+// Claim is Prefix for a program: it returns the prefix and the release to
+// call once its namespaces are gone.
+func Claim() (prefix string, release func() error, err error) {
+	return nscluster.ClaimPrefix()
 }
 
 // Add makes the namespace name with ip netns add and brings its loopback
