@@ -388,8 +388,11 @@ func TestVXLANFromNonPeer(t *testing.T) {
 // the peers inside --trusted-subnets. n2 is a peer outside them (n0 talks
 // to it sealed, or not at all, never plaintext), so well-formed VXLAN
 // from n2's underlay address, as someone who spoofs it would send, is
-// dropped (vxlan-non-peer) and the pod gets nothing; the same packet from
-// n1, inside the trusted subnets, arrives (the control).
+// dropped (vxlan-non-peer) and the pod gets nothing. n3 is inside the
+// trusted subnets but runs a router without the password: it is refused
+// by the mesh, so it is no peer, and its VXLAN is dropped too. The same
+// packet from n1, a peer inside the trusted subnets, arrives (the
+// control).
 func TestVXLANFromUntrustedPeer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("e2e: skipped in -short mode")
@@ -397,21 +400,25 @@ func TestVXLANFromUntrustedPeer(t *testing.T) {
 	run := NewTestRun(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	c, err := run.NewCluster(ctx, ClusterOpts{Nodes: 3})
+	c, err := run.NewCluster(ctx, ClusterOpts{Nodes: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
-	n0, n1, n2 := c.Nodes[0], c.Nodes[1], c.Nodes[2]
+	n0, n1, n2, n3 := c.Nodes[0], c.Nodes[1], c.Nodes[2], c.Nodes[3]
 	pw := writePassword(t, "pw", "a shared secret for the untrusted vxlan peer test")
 	var all []string
 	for _, n := range c.Nodes {
 		all = append(all, n.UnderlayIP.String())
 	}
-	trusted := n0.UnderlayIP.String() + "/32," + n1.UnderlayIP.String() + "/32"
-	for _, n := range c.Nodes {
+	trusted := n0.UnderlayIP.String() + "/32," + n1.UnderlayIP.String() + "/32," + n3.UnderlayIP.String() + "/32"
+	for _, n := range c.Nodes[:3] {
 		if _, err := n.StartRouter("--peers", strings.Join(all, ","), "--encap", "vxlan", "--password-file", pw, "--trusted-subnets", trusted); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// n3: a router without the password, inside the trusted subnets.
+	if _, err := n3.StartRouter("--peers", strings.Join(all, ","), "--encap", "vxlan"); err != nil {
+		t.Fatal(err)
 	}
 	for _, n := range []*Node{n0, n1} {
 		if err := n.WaitReady(ctx); err != nil {
@@ -430,6 +437,18 @@ func TestVXLANFromUntrustedPeer(t *testing.T) {
 	}
 	v.dropped(t, ctx, n0, "n0's guard to drop VXLAN from a peer outside the trusted subnets", map[string]float64{"vxlan-non-peer": 3}, func() {
 		v.forge(t, n2.NS, v.port, remote.IP, remote.IP, remote.IP)
+	})
+	// n0 has refused n3 (it says so in its log) and does not count it
+	// among its peers; n3's VXLAN, from its own address inside the
+	// trusted subnets, is dropped as a non-peer's.
+	waitUntil(t, ctx, "n0 to refuse n3, which has no password", func() (bool, string) {
+		return authFailureHosts(n0)[n3.UnderlayIP.String()] > 0, fmt.Sprint(authFailureHosts(n0))
+	})
+	if st := peerStates(ctx, n0); st["error"] != "" || st[n3.PeerName] != "" || len(st) != 3 {
+		t.Fatalf("n0's peers (want n0, n1, n2 and not n3, a router without the password): %v", st)
+	}
+	v.dropped(t, ctx, n0, "n0's guard to drop VXLAN from a router without the password", map[string]float64{"vxlan-non-peer": 2}, func() {
+		v.forge(t, n3.NS, v.port, remote.IP, remote.IP)
 	})
 	v.control(t, ctx, remote.IP)
 }
