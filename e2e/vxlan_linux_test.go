@@ -16,7 +16,8 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"github.com/weft-net/weft/internal/nscluster"
+
+	"github.com/weft-net/weft/internal/syncbuf"
 	"github.com/weft-net/weft/tunnel"
 )
 
@@ -28,13 +29,13 @@ const vxlanDev = "weft-vx"
 type flow struct {
 	from, to *Pod
 	cmd      *exec.Cmd
-	out      *nscluster.SyncBuffer
+	out      *syncbuf.Buffer
 	done     chan error
 }
 
 func startFlow(t *testing.T, from, to *Pod) *flow {
 	t.Helper()
-	f := &flow{from: from, to: to, out: &nscluster.SyncBuffer{}, done: make(chan error, 1)}
+	f := &flow{from: from, to: to, out: &syncbuf.Buffer{}, done: make(chan error, 1)}
 	err := from.NS.Do(func() error {
 		f.cmd = exec.Command("ping", "-n", "-i", "0.05", "-W", "1", to.IP.String())
 		f.cmd.Stdout, f.cmd.Stderr = f.out, f.out

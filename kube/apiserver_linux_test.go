@@ -1,7 +1,6 @@
 package kube_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -20,27 +19,10 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/weft-net/weft/e2e/kubeapi"
+	"github.com/weft-net/weft/internal/syncbuf"
 	"github.com/weft-net/weft/ipalloc"
 	"github.com/weft-net/weft/kube"
 )
-
-// syncLog is a log sink shared by goroutines.
-type syncLog struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncLog) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncLog) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // waitFor polls cond until it holds or d passes.
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
@@ -73,7 +55,7 @@ func clientFor(t *testing.T, cfg *rest.Config) kubernetes.Interface {
 type router struct {
 	node, peer string
 	k          *kube.Kube
-	log        *syncLog
+	log        *syncbuf.Buffer
 	reg        *prometheus.Registry
 	stop       func()
 }
@@ -95,7 +77,7 @@ func (r *router) metric(t *testing.T, name string) float64 {
 
 func startRouter(t *testing.T, client kubernetes.Interface, node, peer string, reclaim func(context.Context, string) error) *router {
 	t.Helper()
-	lg := &syncLog{}
+	lg := &syncbuf.Buffer{}
 	reg := prometheus.NewRegistry()
 	k, err := kube.New(kube.Config{
 		Client: client, NodeName: node, PeerName: peer, Nickname: node,
@@ -383,7 +365,7 @@ func TestOnAPIServer(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		lg := &syncLog{}
+		lg := &syncbuf.Buffer{}
 		k, err := kube.New(kube.Config{Client: clientFor(t, nobody.Config), NodeName: "node-1",
 			Logger: slog.New(slog.NewTextHandler(lg, nil))})
 		if err != nil {

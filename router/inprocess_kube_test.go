@@ -24,6 +24,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/weft-net/weft/api"
+	"github.com/weft-net/weft/internal/syncbuf"
 	"github.com/weft-net/weft/kube"
 	"github.com/weft-net/weft/mesh/meshtest"
 	"github.com/weft-net/weft/tunnel/conn/bindtest"
@@ -113,7 +114,7 @@ func startKubeRouters(t *testing.T, universe string, hosts []string, resync time
 		if err != nil {
 			t.Fatal(err)
 		}
-		n := &inprocNode{name: c.Name, cfg: v, kernel: &fakeKernel{host: netip.MustParseAddr(h), under: under}, api: api.NewClient(c.Socket), log: &syncBuffer{}}
+		n := &inprocNode{name: c.Name, cfg: v, kernel: &fakeKernel{host: netip.MustParseAddr(h), under: under}, api: api.NewClient(c.Socket), log: &syncbuf.Buffer{}}
 		tr, err := gossip.NewTransport(h + ":6783")
 		if err != nil {
 			t.Fatal(err)

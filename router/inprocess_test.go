@@ -22,6 +22,7 @@ import (
 	"github.com/weft-net/weft/api"
 	"github.com/weft-net/weft/bridge"
 	"github.com/weft-net/weft/cni"
+	"github.com/weft-net/weft/internal/syncbuf"
 	"github.com/weft-net/weft/mesh"
 	"github.com/weft-net/weft/mesh/meshtest"
 	"github.com/weft-net/weft/tunnel"
@@ -225,24 +226,6 @@ func inprocTimings() mesh.Timings {
 	}
 }
 
-// syncBuffer is a log destination shared by a router's goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // inprocNode is one router of the in-process cluster, with what the test
 // reads it through.
 type inprocNode struct {
@@ -252,7 +235,7 @@ type inprocNode struct {
 	kernel *fakeKernel
 	api    *api.Client
 	status string // the status server's address
-	log    *syncBuffer
+	log    *syncbuf.Buffer
 	cancel context.CancelFunc
 	done   chan error // Run's result
 }
@@ -406,7 +389,7 @@ func testInProcessCluster(t *testing.T, password string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		n := &inprocNode{name: c.Name, cfg: v, kernel: &fakeKernel{host: netip.MustParseAddr(h), under: under}, api: api.NewClient(c.Socket), log: &syncBuffer{}}
+		n := &inprocNode{name: c.Name, cfg: v, kernel: &fakeKernel{host: netip.MustParseAddr(h), under: under}, api: api.NewClient(c.Socket), log: &syncbuf.Buffer{}}
 		build1(n, i)
 		nodes[i] = n
 	}

@@ -1,7 +1,6 @@
 package tunnel
 
 import (
-	"bytes"
 	"log/slog"
 	"net/netip"
 	"strings"
@@ -9,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weft-net/weft/internal/syncbuf"
 	"github.com/weft-net/weft/tunnel/conn/bindtest"
 )
 
@@ -110,29 +110,11 @@ func TestSourceOK(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a log sink for several goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestSpoofedSourceWarnedOnce: a flood of spoofed sources within a minute
 // is one warning, which says what happened and from where; the next
 // minute's drops are the next warning, with their count.
 func TestSpoofedSourceWarnedOnce(t *testing.T) {
-	var logs lockedBuffer
+	var logs syncbuf.Buffer
 	now := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 	var mu sync.Mutex
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/weft-net/weft/internal/nscluster"
+	"github.com/weft-net/weft/internal/syncbuf"
 )
 
 // fakeTools writes a module with two tiny main packages, standing in for
@@ -47,7 +47,7 @@ func TestBuilderOnce(t *testing.T) {
 		t.Skip(err)
 	}
 	toolsDir, tools := fakeTools(t)
-	var logs nscluster.SyncBuffer
+	var logs syncbuf.Buffer
 	b := builder{goBin: goBin, toolsDir: toolsDir, tools: tools, log: slog.New(slog.NewTextHandler(&logs, nil))}
 	entry := filepath.Join(t.TempDir(), "cache", "kube-0123456789ab")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
