@@ -43,9 +43,9 @@ type env struct {
 	log  *slog.Logger
 }
 
-func newEnv(t *testing.T) *env {
+// newNS makes a network namespace that is removed when the test ends.
+func newNS(t *testing.T) ns.NetNS {
 	t.Helper()
-	skipUnlessRoot(t)
 	n, err := testutils.NewNS()
 	if err != nil {
 		t.Fatalf("create test namespace: %v", err)
@@ -56,6 +56,13 @@ func newEnv(t *testing.T) *env {
 			t.Errorf("remove test namespace: %v", err)
 		}
 	})
+	return n
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	skipUnlessRoot(t)
+	n := newNS(t)
 	fd, err := netns.GetFromPath(n.Path())
 	if err != nil {
 		t.Fatalf("open test namespace: %v", err)

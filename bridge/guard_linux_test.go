@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -155,14 +154,7 @@ type pod struct {
 func (e *env) addPod(t *testing.T, veth string, addr netip.Addr) *pod {
 	t.Helper()
 	p := &pod{veth: veth, addr: addr}
-	n, err := testutils.NewNS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = n.Close()
-		_ = testutils.UnmountNS(n)
-	})
+	n := newNS(t)
 	p.ns = n
 	host, peer := e.veth(t, veth, nil)
 	br := e.link(t, e.name)
@@ -176,7 +168,7 @@ func (e *env) addPod(t *testing.T, veth string, addr netip.Addr) *pod {
 	if err := e.h.LinkSetNsFd(pl, int(n.Fd())); err != nil {
 		t.Fatal(err)
 	}
-	err = n.Do(func(ns.NetNS) error {
+	err := n.Do(func(ns.NetNS) error {
 		l, err := netlink.LinkByName(peer)
 		if err != nil {
 			return err
@@ -525,14 +517,7 @@ const vxlanTestDev = "weft-vx"
 // node: what is sent there to one of dsts arrives on vxlanTestDev.
 func (e *env) tunnelSender(t *testing.T, dsts ...netip.Addr) ns.NetNS {
 	t.Helper()
-	n, err := testutils.NewNS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = n.Close()
-		_ = testutils.UnmountNS(n)
-	})
+	n := newNS(t)
 	dev, peer := e.veth(t, vxlanTestDev, nil)
 	if err := e.h.LinkSetUp(dev); err != nil {
 		t.Fatal(err)
@@ -541,7 +526,7 @@ func (e *env) tunnelSender(t *testing.T, dsts ...netip.Addr) ns.NetNS {
 		t.Fatal(err)
 	}
 	mac := dev.Attrs().HardwareAddr
-	err = n.Do(func(ns.NetNS) error {
+	err := n.Do(func(ns.NetNS) error {
 		l, err := netlink.LinkByName(peer)
 		if err != nil {
 			return err
@@ -801,14 +786,7 @@ func TestGuardDropsVXLANNotToPods(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A host outside, behind the node: 198.51.100.5 on a veth of its own.
-	outside, err := testutils.NewNS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = outside.Close()
-		_ = testutils.UnmountNS(outside)
-	})
+	outside := newNS(t)
 	out, outPeer := e.veth(t, uniqueName(t, "wo-"), nil)
 	e.addAddr(t, out, "198.51.100.1/24")
 	if err := e.h.LinkSetUp(out); err != nil {
@@ -818,7 +796,7 @@ func TestGuardDropsVXLANNotToPods(t *testing.T) {
 		t.Fatal(err)
 	}
 	host := netip.MustParseAddr("198.51.100.5")
-	err = outside.Do(func(ns.NetNS) error {
+	err := outside.Do(func(ns.NetNS) error {
 		l, err := netlink.LinkByName(outPeer)
 		if err != nil {
 			return err
