@@ -343,13 +343,12 @@ func (r *Router) bridgeConfig(ns netState) bridge.Config {
 
 // vxlanGuardDevice is the kernel VXLAN device whose decapsulated packets
 // the guard checks (their source neither outside the pod range nor in
-// this node's own ranges); "" without vxlan. The router always runs the
-// tunnel's default device (tunnel.Config.VXLANName is left empty).
+// this node's own ranges); "" without vxlan.
 func (r *Router) vxlanGuardDevice() string {
-	if r.vxlanGuardPort() == 0 {
+	if r.tunnel == nil {
 		return ""
 	}
-	return tunnel.DefaultVXLANName
+	return r.tunnel.VXLANDevice()
 }
 
 // vxlanGuardPort is the VXLAN port the guard closes to pods and opens to

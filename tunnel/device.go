@@ -339,6 +339,15 @@ func (d *Device) LocalVTEP() (VTEP, bool) {
 	return *d.vtep, true
 }
 
+// VXLANDevice is the name of the kernel VXLAN device this node receives
+// vxlan on; "" without vxlan.
+func (d *Device) VXLANDevice() string {
+	if d.vtep == nil {
+		return ""
+	}
+	return d.cfg.VXLANName
+}
+
 func (d *Device) vtepString() string {
 	if d.vtep == nil {
 		return "off"
