@@ -65,7 +65,8 @@ func Ensure(nsPath string, cfg Config, log *slog.Logger) (*Info, error) {
 	return info, nil
 }
 
-// Teardown removes weft's nftables table and the bridge named name from the
+// Teardown removes weft's nftables tables (ip weft, bridge weft and the
+// NetworkPolicy table ip weft-policy) and the bridge named name from the
 // namespace at nsPath ("" = the caller's own). Missing pieces are not an error.
 // A link of that name that is not a bridge is left alone. Sysctls stay as they
 // are: other software may rely on forwarding.
@@ -92,10 +93,13 @@ func Teardown(nsPath string, name string, log *slog.Logger) error {
 	if _, err := c.ListTableOfFamily(TableName, nftables.TableFamilyBridge); err == nil {
 		c.DelTable(bridgeTable()) // the guard's
 	}
+	pt := policyNFTable()
+	c.AddTable(pt)
+	c.DelTable(pt)
 	if err := c.Flush(); err != nil {
-		return fmt.Errorf("delete nftables table ip %s: %w", TableName, err)
+		return fmt.Errorf("delete nftables tables ip %s and ip %s: %w", TableName, PolicyTableName, err)
 	}
-	log.Info("deleted nftables tables", "tables", "ip "+TableName+", bridge "+TableName)
+	log.Info("deleted nftables tables", "tables", "ip "+TableName+", bridge "+TableName+", ip "+PolicyTableName)
 
 	l, err := n.h.LinkByName(name)
 	switch {
