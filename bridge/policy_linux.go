@@ -54,6 +54,9 @@ type PolicyTable struct {
 	// have is what the kernel holds below the table's fixed part, as
 	// last read or written; nil: unknown (read it before the next write).
 	have *polState
+	// writes counts the batches written (for the tests: an adopting
+	// Sync writes none).
+	writes int
 }
 
 // NewPolicyTable returns a PolicyTable for the namespace of cfg, after
@@ -420,6 +423,7 @@ func (t *PolicyTable) syncLocked(c *nftables.Conn, w *polWant) error {
 		return fmt.Errorf("writing nftables table ip %s (%s): %w", PolicyTableName, ops, err)
 	}
 	t.have = w.state.clone()
+	t.writes++
 	t.log.Debug("synced NetworkPolicy rules", "table", "ip "+PolicyTableName, "changes", ops.String(),
 		"pods", len(w.state.ingress)+len(w.state.egress))
 	return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -386,3 +387,340 @@ func TestPolicyDefaultDenyAndAllow(t *testing.T) {
 
 // e0 is the node's own address on the bridge.
 func e0(p *polEnv) netip.Addr { return p.cfg.Gateway.Addr() }
+
+// TestPolicyEgressBlocksAndPorts: an egress deny blocks a pod's
+// connections to pods and far away (counted as egress) but not those to
+// it; an ipBlock with an except; port ranges (endPort) for TCP and UDP.
+func TestPolicyEgressBlocksAndPorts(t *testing.T) {
+	p := newPolEnv(t)
+	p.sync(t, rulesOf(
+		&policy.PodRules{IP: podA, Egress: policy.Direction{Isolated: true}},
+		// C: ingress from 10.32.0.0/16 except 10.32.0.4/30 (C and D).
+		&policy.PodRules{IP: podC, Ingress: policy.Direction{Isolated: true, Rules: []policy.Rule{{
+			Peers: []policy.Interval{iv("10.32.0.0", "10.32.0.3"), iv("10.32.0.8", "10.32.255.255")}, AnyPort: true}}}},
+		// B: egress to anywhere on TCP 50-60 and UDP 8080 only.
+		&policy.PodRules{IP: podB, Egress: policy.Direction{Isolated: true, Rules: []policy.Rule{{
+			AnyPeer: true, Ports: []policy.PortRange{{Protocol: corev1.ProtocolTCP, Lo: 50, Hi: 60}, {Protocol: corev1.ProtocolUDP, Lo: 8080, Hi: 8080}}}}}},
+	))
+	in0, eg0, _ := p.pt.Blocked()
+	p.expectConns(t, map[policy.Conn]bool{
+		tcpConn(podA, podD, 80): false, udpConn(podA, farOut, 53): false, tcpConn(podA, farPod1, 8080): false,
+		tcpConn(podD, podA, 80): true, udpConn(farPod2, podA, 55): true,
+	})
+	in1, eg1, _ := p.pt.Blocked()
+	if eg1-eg0 < 3 || in1 != in0 {
+		t.Errorf("Blocked: egress %d -> %d, ingress %d -> %d; want 3 more egress, no more ingress", eg0, eg1, in0, in1)
+	}
+	p.expectConns(t, map[policy.Conn]bool{
+		tcpConn(podB, podC, 55): true, tcpConn(farPod1, podC, 80): true, udpConn(farPod2, podC, 53): true,
+		tcpConn(podD, podC, 80): false, tcpConn(farOut, podC, 80): false, udpConn(farOut2, podC, 53): false,
+	})
+	p.expectConns(t, map[policy.Conn]bool{
+		tcpConn(podB, farOut, 53): true, tcpConn(podB, farOut, 55): true, tcpConn(podB, podD, 53): true,
+		tcpConn(podB, farOut, 80): false, tcpConn(podB, podD, 8080): false,
+		udpConn(podB, farOut2, 8080): true, udpConn(podB, farOut2, 53): false, udpConn(podB, podD, 55): false,
+	})
+}
+
+// echo listens on TCP port in n and echoes every connection.
+func echo(t *testing.T, n ns.NetNS, port int) {
+	t.Helper()
+	var l net.Listener
+	if err := n.Do(func(ns.NetNS) (err error) {
+		l, err = net.Listen("tcp4", fmt.Sprintf("0.0.0.0:%d", port))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { l.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				buf := make([]byte, 64)
+				for {
+					k, err := c.Read(buf)
+					if err != nil {
+						return
+					}
+					if _, err := c.Write(buf[:k]); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+}
+
+func dialFrom(t *testing.T, n ns.NetNS, dst netip.Addr, port int) net.Conn {
+	t.Helper()
+	var c net.Conn
+	if err := n.Do(func(ns.NetNS) (err error) {
+		c, err = net.DialTimeout("tcp4", fmt.Sprintf("%s:%d", dst, port), 10*time.Second)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func roundTrip(t *testing.T, c net.Conn, msg string) {
+	t.Helper()
+	if err := c.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write([]byte(msg)); err != nil {
+		t.Fatalf("write %q: %v", msg, err)
+	}
+	buf := make([]byte, len(msg))
+	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != msg {
+		t.Fatalf("echo of %q: %q %v", msg, buf, err)
+	}
+}
+
+// TestPolicyEstablished: with B isolated (deny all ingress), the replies
+// to B's own connections pass, and so do both directions of a connection
+// to B opened before B was isolated; a new connection to B is blocked.
+func TestPolicyEstablished(t *testing.T) {
+	p := newPolEnv(t)
+	echo(t, p.pods[podA], 9000)
+	echo(t, p.pods[podB], 9000)
+	before := dialFrom(t, p.pods[podA], podB, 9000) // A -> B, before the policy
+	roundTrip(t, before, "hello")
+	p.sync(t, rulesOf(&policy.PodRules{IP: podB, Ingress: policy.Direction{Isolated: true}}))
+	out := dialFrom(t, p.pods[podB], podA, 9000) // B -> A: A's replies come in to B
+	roundTrip(t, out, "reply to B")
+	roundTrip(t, before, "still open")
+	p.expectConns(t, map[policy.Conn]bool{tcpConn(podA, podB, 80): false, tcpConn(podB, podA, 80): true})
+	// Replies to B's connections far away come back routed: they pass too.
+	echo(t, p.far, 9000)
+	roundTrip(t, dialFrom(t, p.pods[podB], farPod1, 9000), "far")
+}
+
+// nftIn is an nftables connection into the node's namespace.
+func (p *polEnv) nftIn(t *testing.T) *nftables.Conn {
+	t.Helper()
+	n, err := openNS(p.ns.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(n.close)
+	c, err := n.nft()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// handles lists the rule handles of every chain of the policy table.
+func (p *polEnv) handles(t *testing.T) map[string][]uint64 {
+	t.Helper()
+	c := p.nftIn(t)
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyIPv4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]uint64{}
+	for _, ch := range chains {
+		if ch.Table.Name != PolicyTableName {
+			continue
+		}
+		rs, err := c.GetRules(policyNFTable(), ch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[ch.Name] = []uint64{}
+		for _, r := range rs {
+			out[ch.Name] = append(out[ch.Name], r.Handle)
+		}
+	}
+	return out
+}
+
+// kernelState reads the table back as Sync sees it.
+func (p *polEnv) kernelState(t *testing.T) *policyRead {
+	t.Helper()
+	r, err := readPolicy(p.nftIn(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// TestPolicySyncIncremental: a Sync that changes the peers of one pod
+// changes one set and no rule; one that changes the rules of one pod
+// rewrites that pod's chain only; the others' rules keep their handles,
+// and the counters keep counting. A Sync of the same rules writes nothing.
+func TestPolicySyncIncremental(t *testing.T) {
+	p := newPolEnv(t)
+	bFrom := func(peers ...policy.Interval) *policy.PodRules {
+		return &policy.PodRules{IP: podB, Ingress: policy.Direction{Isolated: true, Rules: []policy.Rule{{Peers: peers, AnyPort: true}}}}
+	}
+	cRules := &policy.PodRules{IP: podC, Ingress: policy.Direction{Isolated: true, Rules: []policy.Rule{{
+		Peers: []policy.Interval{{Lo: podA, Hi: podA}}, Ports: []policy.PortRange{{Protocol: corev1.ProtocolTCP, Lo: 80, Hi: 80}}}}},
+		Egress: policy.Direction{Isolated: true, Rules: []policy.Rule{{AnyPeer: true, AnyPort: true}}}}
+	p.sync(t, rulesOf(bFrom(iv("10.32.0.2", "10.32.0.2")), cRules))
+	if p.try(t, podD, podC, corev1.ProtocolTCP, 80) {
+		t.Fatal("D reached C")
+	}
+	in0, _, _ := p.pt.Blocked()
+	h0 := p.handles(t)
+	writes := p.pt.writes
+
+	p.sync(t, rulesOf(bFrom(iv("10.32.0.2", "10.32.0.2")), cRules))
+	if p.pt.writes != writes {
+		t.Errorf("a Sync of the same rules wrote a batch")
+	}
+
+	// D joins B's peers: one set changes, no chain.
+	p.sync(t, rulesOf(bFrom(iv("10.32.0.2", "10.32.0.2"), iv("10.32.0.5", "10.32.0.5")), cRules))
+	if h := p.handles(t); fmt.Sprint(h) != fmt.Sprint(h0) {
+		t.Errorf("a change of B's peers changed rules:\nbefore %v\nafter  %v", h0, h)
+	}
+	p.expectConns(t, map[policy.Conn]bool{tcpConn(podD, podB, 80): true, tcpConn(podC, podB, 80): false})
+
+	// B gets another rule: B's chain is rewritten, nothing else.
+	b2 := bFrom(iv("10.32.0.2", "10.32.0.2"))
+	b2.Ingress.Rules = append(b2.Ingress.Rules, policy.Rule{AnyPeer: true, Ports: []policy.PortRange{{Protocol: corev1.ProtocolUDP, Lo: 53, Hi: 53}}})
+	p.sync(t, rulesOf(b2, cRules))
+	h1 := p.handles(t)
+	for name, hs := range h0 {
+		if name == podChainName(podB, false) {
+			if fmt.Sprint(h1[name]) == fmt.Sprint(hs) {
+				t.Errorf("chain %s kept its rules %v after its rules changed", name, hs)
+			}
+			continue
+		}
+		if fmt.Sprint(h1[name]) != fmt.Sprint(hs) {
+			t.Errorf("chain %s: rules %v became %v, but its pod's rules did not change", name, hs, h1[name])
+		}
+	}
+	p.expectConns(t, map[policy.Conn]bool{udpConn(podC, podB, 53): true, tcpConn(podD, podB, 80): false, tcpConn(podA, podC, 80): true})
+	if in1, _, _ := p.pt.Blocked(); in1 <= in0 {
+		t.Errorf("blocked ingress %d -> %d: the counter did not keep counting", in0, in1)
+	}
+
+	// B leaves: its chain, sets and map element go; C stays as it was.
+	p.sync(t, rulesOf(cRules))
+	h2 := p.handles(t)
+	if _, ok := h2[podChainName(podB, false)]; ok {
+		t.Errorf("B's chain is still there: %v", h2)
+	}
+	for name := range h2 {
+		if fmt.Sprint(h2[name]) != fmt.Sprint(h0[name]) {
+			t.Errorf("chain %s: rules %v became %v", name, h0[name], h2[name])
+		}
+	}
+	r := p.kernelState(t)
+	if !r.intact || len(r.state.peerSets) != 1 || len(r.state.portSets) != 1 || len(r.state.ingress) != 1 || len(r.state.egress) != 1 {
+		t.Errorf("after B left: %+v", r.state)
+	}
+	p.expectConns(t, map[policy.Conn]bool{tcpConn(podD, podB, 80): true})
+}
+
+// TestPolicyAdopt: a second PolicyTable (a router restarted) adopts the
+// table: its first Sync of the same rules writes nothing, the rules keep
+// their handles and the counters their counts, and it goes on enforcing
+// and changing only what changes. A table changed under it (deleted by
+// hand) is written again at the next Sync.
+func TestPolicyAdopt(t *testing.T) {
+	p := newPolEnv(t)
+	nr := rulesOf(
+		&policy.PodRules{IP: podB, Ingress: policy.Direction{Isolated: true, Rules: []policy.Rule{{
+			Peers: []policy.Interval{{Lo: podA, Hi: podA}}, Ports: []policy.PortRange{{Protocol: corev1.ProtocolTCP, Lo: 80, Hi: 80}}}}}},
+		&policy.PodRules{IP: podD, Egress: policy.Direction{Isolated: true}})
+	p.sync(t, nr)
+	p.expectConns(t, map[policy.Conn]bool{tcpConn(podC, podB, 80): false, tcpConn(podD, podA, 80): false})
+	in0, eg0, _ := p.pt.Blocked()
+	h0 := p.handles(t)
+	p.pt.Close()
+
+	p.pt = p.newTable(t) // the restarted router
+	if in, eg, err := p.pt.Blocked(); err != nil || in != in0 || eg != eg0 {
+		t.Errorf("restarted: Blocked = %d, %d, %v; want %d, %d", in, eg, err, in0, eg0)
+	}
+	p.sync(t, nr)
+	if p.pt.writes != 0 {
+		t.Errorf("the adopting Sync wrote %d batches, want none", p.pt.writes)
+	}
+	if h := p.handles(t); fmt.Sprint(h) != fmt.Sprint(h0) {
+		t.Errorf("adopting changed rules:\nbefore %v\nafter  %v", h0, h)
+	}
+	p.expectConns(t, map[policy.Conn]bool{tcpConn(podA, podB, 80): true, tcpConn(podC, podB, 80): false, tcpConn(podD, podA, 80): false})
+
+	delete(nr.Pods, podD)
+	p.sync(t, nr)
+	if h := p.handles(t); fmt.Sprint(h[podChainName(podB, false)]) != fmt.Sprint(h0[podChainName(podB, false)]) {
+		t.Errorf("B's chain changed when only D's rules went")
+	}
+	p.expectConns(t, map[policy.Conn]bool{tcpConn(podD, podA, 80): true})
+
+	// Deleted by hand: the next Sync writes it again.
+	if err := deletePolicyTable(p.nftIn(t)); err != nil {
+		t.Fatal(err)
+	}
+	p.expectConns(t, map[policy.Conn]bool{tcpConn(podC, podB, 80): true})
+	p.sync(t, nr)
+	p.expectConns(t, map[policy.Conn]bool{tcpConn(podC, podB, 80): false, tcpConn(podA, podB, 80): true})
+}
+
+// TestPolicyTeardown: Teardown removes the table and everything passes;
+// twice is fine; a Sync after it writes the table again; bridge.Teardown
+// (weft reset) removes it too.
+func TestPolicyTeardown(t *testing.T) {
+	p := newPolEnv(t)
+	nr := rulesOf(&policy.PodRules{IP: podB, Ingress: policy.Direction{Isolated: true}})
+	p.sync(t, nr)
+	p.expectConns(t, map[policy.Conn]bool{tcpConn(podA, podB, 80): false})
+	for range 2 {
+		if err := p.pt.Teardown(); err != nil {
+			t.Fatalf("Teardown: %v", err)
+		}
+	}
+	if r := p.kernelState(t); r.exists {
+		t.Fatalf("the table is still there after Teardown")
+	}
+	if in, eg, err := p.pt.Blocked(); err != nil || in != 0 || eg != 0 {
+		t.Errorf("Blocked without a table: %d %d %v", in, eg, err)
+	}
+	p.expectConns(t, map[policy.Conn]bool{tcpConn(podA, podB, 80): true})
+	p.sync(t, nr)
+	p.expectConns(t, map[policy.Conn]bool{tcpConn(podA, podB, 80): false})
+	if err := Teardown(p.ns.Path(), p.name, p.log); err != nil {
+		t.Fatal(err)
+	}
+	if r := p.kernelState(t); r.exists {
+		t.Fatalf("the table is still there after bridge.Teardown")
+	}
+}
+
+// TestPolicyBrNetfilter: bridge-nf-call-iptables is per network
+// namespace; NewPolicyTable turns it on in its own (the root namespace's
+// value stays as it was: newPolEnv checks it); without it, traffic
+// between pods of the bridge would bypass the table while routed traffic
+// would not.
+func TestPolicyBrNetfilter(t *testing.T) {
+	p := newPolEnv(t)
+	p.sync(t, rulesOf(&policy.PodRules{IP: podB, Ingress: policy.Direction{Isolated: true}}))
+	root := readRootSysctl(t)
+	p.sysctl(t, brNetfilterSysctl, "0")
+	if got := readRootSysctl(t); got != root {
+		t.Fatalf("setting %s in the test namespace changed the root namespace's from %s to %s", brNetfilterSysctl, root, got)
+	}
+	p.expectConns(t, map[policy.Conn]bool{tcpConn(podA, podB, 80): true, tcpConn(farPod1, podB, 80): false})
+	p.pt = p.newTable(t)
+	if got := p.sysctl(t, brNetfilterSysctl); got != "1" {
+		t.Fatalf("after NewPolicyTable: %s = %s, want 1", brNetfilterSysctl, got)
+	}
+	p.expectConns(t, map[policy.Conn]bool{tcpConn(podA, podB, 80): false, tcpConn(farPod1, podB, 80): false})
+}
