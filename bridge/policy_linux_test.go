@@ -3,12 +3,16 @@ package bridge
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"maps"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -264,6 +268,12 @@ func (p *polEnv) try(t *testing.T, src, dst netip.Addr, proto corev1.Protocol, p
 			return err
 		})
 	}()
+	defer func() { // the sender is done with its namespace before the try is
+		cancel()
+		if done != nil {
+			<-done
+		}
+	}()
 	deadline := time.After(20 * time.Second)
 	sent := proto != corev1.ProtocolUDP
 	for {
@@ -287,10 +297,6 @@ func (p *polEnv) try(t *testing.T, src, dst netip.Addr, proto corev1.Protocol, p
 		case <-time.After(2 * time.Millisecond):
 		}
 		if sent && p.blocked(t) > before {
-			cancel()
-			if done != nil {
-				<-done
-			}
 			return false
 		}
 	}
@@ -723,4 +729,61 @@ func TestPolicyBrNetfilter(t *testing.T) {
 		t.Fatalf("after NewPolicyTable: %s = %s, want 1", brNetfilterSysctl, got)
 	}
 	p.expectConns(t, map[policy.Conn]bool{tcpConn(podA, podB, 80): false, tcpConn(farPod1, podB, 80): false})
+}
+
+var (
+	policyWorlds = flag.Int("bridge.policy-worlds", 300, "random worlds TestPolicyKernelMatchesRules syncs to the kernel")
+	policySeed   = flag.Uint64("bridge.policy-seed", 0, "first seed of TestPolicyKernelMatchesRules (replay with -bridge.policy-seed=N -bridge.policy-worlds=1)")
+)
+
+// TestPolicyKernelMatchesRules: random worlds (as package policy's tests
+// make them) compiled for this node and synced one after the other to the
+// same table, so that every Sync after the first is a diff. After each,
+// real connections between the pods and far away, TCP and UDP, on the
+// ports the policies name: each passes exactly when the node's rules say
+// (NodeRules.Egress and Ingress); the node's own connections always do.
+func TestPolicyKernelMatchesRules(t *testing.T) {
+	p := newPolEnv(t)
+	local := []netip.Addr{podA, podB, podC, podD}
+	ends := append(slices.Clone(local), farAddrs...)
+	var checked, passed int
+	for seed := *policySeed; seed < *policySeed+uint64(*policyWorlds); seed++ {
+		r := rand.New(rand.NewPCG(seed, 0xbeef))
+		w := randPolicyWorld(r, local, []netip.Addr{farPod1, farPod2})
+		nr := policy.Compile(w, "n0")
+		p.sync(t, nr)
+		for range 24 {
+			src, dst := ends[r.IntN(len(ends))], ends[r.IntN(len(ends))]
+			if src == dst || (!slices.Contains(local, src) && !slices.Contains(local, dst)) {
+				continue // not through this node
+			}
+			proto := []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP}[r.IntN(2)]
+			c := policy.Conn{Src: src, Dst: dst, Protocol: proto, Port: testPorts[r.IntN(len(testPorts))]}
+			want := nr.Egress(c) && nr.Ingress(c)
+			if got := p.try(t, c.Src, c.Dst, c.Protocol, c.Port); got != want {
+				t.Fatalf("seed %d: %s: the kernel let it pass=%v, the rules %v\nrules: %s\n%s", seed, c, got, want, dumpRules(nr), p.listing(t))
+			}
+			checked++
+			if want {
+				passed++
+			}
+		}
+		dst := local[r.IntN(len(local))]
+		if !p.try(t, e0(p), dst, corev1.ProtocolTCP, testPorts[r.IntN(len(testPorts))]) {
+			t.Fatalf("seed %d: the node's own connection to %s was blocked", seed, dst)
+		}
+	}
+	t.Logf("%d worlds, %d connections, %d passed", *policyWorlds, checked, passed)
+	if passed == 0 || passed == checked {
+		t.Fatalf("degenerate worlds: %d of %d passed", passed, checked)
+	}
+}
+
+func dumpRules(nr *policy.NodeRules) string {
+	var b strings.Builder
+	for _, a := range slices.SortedFunc(maps.Keys(nr.Pods), netip.Addr.Compare) {
+		pr := nr.Pods[a]
+		fmt.Fprintf(&b, "\n  %s ingress %+v egress %+v", a, pr.Ingress, pr.Egress)
+	}
+	return b.String()
 }
