@@ -439,7 +439,17 @@ func echo(t *testing.T, n ns.NetNS, port int) {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup
-	t.Cleanup(func() { l.Close(); wg.Wait() })
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		l.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -448,6 +458,9 @@ func echo(t *testing.T, n ns.NetNS, port int) {
 			if err != nil {
 				return
 			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
