@@ -380,7 +380,10 @@ func (t *PolicyTable) Sync(nr *policy.NodeRules) error {
 	return t.g.do(func(c *nftables.Conn) error {
 		err := t.syncLocked(c, w)
 		if err != nil {
+			// Read the table again before the next write (GuardConn.do
+			// tries once more, over a new socket).
 			t.have = nil
+			t.log.Warn("syncing NetworkPolicy rules failed", "table", "ip "+PolicyTableName, "err", err)
 		}
 		return err
 	})

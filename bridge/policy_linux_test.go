@@ -759,12 +759,24 @@ func TestPolicyKernelMatchesRules(t *testing.T) {
 	p := newPolEnv(t)
 	local := []netip.Addr{podA, podB, podC, podD}
 	ends := append(slices.Clone(local), farAddrs...)
-	var checked, passed int
+	var checked, passed, setSwaps int
+	prev := newPolState()
 	for seed := *policySeed; seed < *policySeed+uint64(*policyWorlds); seed++ {
 		r := rand.New(rand.NewPCG(seed, 0xbeef))
 		w := randPolicyWorld(r, local, []netip.Addr{farPod1, farPod2})
 		nr := policy.Compile(w, "n0")
+		want := mustWant(t, nr)
+		o := diffPolicy(want.state, prev)
+		for _, d := range o.peerDiffs {
+			if len(d.add) > 0 && len(d.del) > 0 {
+				setSwaps++
+			}
+		}
+		prev = want.state
 		p.sync(t, nr)
+		if k := p.kernelState(t); !k.intact || !k.state.equal(want.state) {
+			t.Fatalf("seed %d: the kernel's table after Sync: %+v\nwant %+v", seed, k.state, want.state)
+		}
 		for range 24 {
 			src, dst := ends[r.IntN(len(ends))], ends[r.IntN(len(ends))]
 			if src == dst || (!slices.Contains(local, src) && !slices.Contains(local, dst)) {
@@ -786,7 +798,7 @@ func TestPolicyKernelMatchesRules(t *testing.T) {
 			t.Fatalf("seed %d: the node's own connection to %s was blocked", seed, dst)
 		}
 	}
-	t.Logf("%d worlds, %d connections, %d passed", *policyWorlds, checked, passed)
+	t.Logf("%d worlds, %d connections, %d passed; %d peer sets changed in place with ranges both deleted and added", *policyWorlds, checked, passed, setSwaps)
 	if passed == 0 || passed == checked {
 		t.Fatalf("degenerate worlds: %d of %d passed", passed, checked)
 	}
