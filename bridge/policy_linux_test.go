@@ -369,7 +369,7 @@ func TestPolicyDefaultDenyAndAllow(t *testing.T) {
 	p.expectConns(t, map[policy.Conn]bool{
 		tcpConn(podA, podB, 80): false, udpConn(podA, podB, 53): false, tcpConn(farPod1, podB, 80): false,
 		udpConn(farOut, podB, 55): false,
-		tcpConn(podA, podC, 80): true, tcpConn(podB, podA, 8080): true, udpConn(podB, farOut, 53): true,
+		tcpConn(podA, podC, 80):   true, tcpConn(podB, podA, 8080): true, udpConn(podB, farOut, 53): true,
 	})
 	in, eg, err := p.pt.Blocked()
 	if err != nil || in < 4 || eg != 0 {
