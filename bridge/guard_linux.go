@@ -12,6 +12,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
+	"github.com/mdlayher/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -303,6 +304,38 @@ type GuardConn struct {
 	fd   netns.NsHandle // the namespace at nsPath, open only when nsPath != ""
 	c    *nftables.Conn // nil: closed (opened again on use)
 	sets map[string]*nftables.Set
+	// bigBatches gives the socket buffers for batches of many
+	// thousand messages (PolicyTable's), and for their acknowledgements.
+	bigBatches bool
+}
+
+// batchBuffer is the size of the send and receive buffers of a socket
+// with bigBatches: a batch is sent in one sendmsg, which fails
+// (EMSGSIZE) when it is larger than the send buffer, and the kernel
+// acknowledges every message, which overflows (ENOBUFS) a receive buffer
+// too small for them. Memory is taken only as it is used.
+const batchBuffer = 64 << 20
+
+// bigBuffers sets the socket's buffers to batchBuffer, past the
+// system's limits (SO_SNDBUFFORCE and SO_RCVBUFFORCE: weft runs with
+// CAP_NET_ADMIN).
+func bigBuffers(c *netlink.Conn) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = errors.Join(
+			unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, batchBuffer),
+			unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, batchBuffer))
+	}); err != nil {
+		return err
+	}
+	if serr != nil {
+		return fmt.Errorf("netlink socket buffers of %d bytes: %w", batchBuffer, serr)
+	}
+	return nil
 }
 
 // NewGuardConn returns a GuardConn for the network namespace at nsPath
@@ -340,6 +373,9 @@ func (g *GuardConn) conn() (*nftables.Conn, error) {
 		return g.c, nil
 	}
 	opts := []nftables.ConnOption{nftables.AsLasting()}
+	if g.bigBatches {
+		opts = append(opts, nftables.WithSockOptions(bigBuffers))
+	}
 	if g.nsPath != "" {
 		if !g.fd.IsOpen() {
 			fd, err := netns.GetFromPath(g.nsPath)

@@ -71,7 +71,9 @@ func NewPolicyTable(cfg PolicyConfig) (*PolicyTable, error) {
 	if err := ensureBrNetfilter(cfg.NSPath, log); err != nil {
 		return nil, err
 	}
-	return &PolicyTable{nsPath: cfg.NSPath, log: log, g: NewGuardConn(cfg.NSPath)}, nil
+	g := NewGuardConn(cfg.NSPath)
+	g.bigBatches = true
+	return &PolicyTable{nsPath: cfg.NSPath, log: log, g: g}, nil
 }
 
 // ensureBrNetfilter sets brNetfilterSysctl to 1 in the namespace at nsPath
