@@ -46,8 +46,7 @@ type PolicyConfig struct {
 // has (a router restarted adopts what its predecessor wrote). Its methods
 // take turns: it is safe for concurrent use.
 type PolicyTable struct {
-	nsPath string
-	log    *slog.Logger
+	log *slog.Logger
 	// g is the lasting nftables connection; its mutex, held while its do
 	// runs an operation, also guards have.
 	g *GuardConn
@@ -73,7 +72,7 @@ func NewPolicyTable(cfg PolicyConfig) (*PolicyTable, error) {
 	}
 	g := NewGuardConn(cfg.NSPath)
 	g.bigBatches = true
-	return &PolicyTable{nsPath: cfg.NSPath, log: log, g: g}, nil
+	return &PolicyTable{log: log, g: g}, nil
 }
 
 // ensureBrNetfilter sets brNetfilterSysctl to 1 in the namespace at nsPath
