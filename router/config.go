@@ -202,7 +202,7 @@ func (c Config) Validate() (*Validated, error) {
 	if c.VXLANVNI < 1 || c.VXLANVNI > tunnel.MaxVNI {
 		add(fmt.Errorf("invalid --vxlan-vni %d: give 1..%d, the same on every node (default %d)", c.VXLANVNI, tunnel.MaxVNI, tunnel.DefaultVNI))
 	}
-	if v.EncapMode == tunnel.ModeVXLAN && (c.VXLANPort == c.DataPort || c.VXLANPort == c.Port) {
+	if (v.EncapMode == tunnel.ModeVXLAN || v.EncapMode == tunnel.ModeAuto) && (c.VXLANPort == c.DataPort || c.VXLANPort == c.Port) {
 		add(fmt.Errorf("invalid --vxlan-port %d: it is also the gossip or data port; give another (default %d)", c.VXLANPort, tunnel.DefaultVXLANPort))
 	}
 	if c.MTU != 0 {
