@@ -125,9 +125,9 @@ type Device struct {
 	kernel  bool                    // ipip is kernel IPIP (no userspace socket)
 	local   []Mode                  // what this node can do, fastest first
 	routing RouteApplier
-	tunSrc  netip.Addr  // the address SetSourceAddr last gave the TUN device; SetRing clears it to check again
-	vxSrc   netip.Addr  // and the VXLAN device
-	vtep    *VTEP       // this node's end of vxlan; nil: no vxlan
+	tunSrc  netip.Addr // the address SetSourceAddr last gave the TUN device; SetRing clears it to check again
+	vxSrc   netip.Addr // and the VXLAN device
+	vtep    *VTEP      // this node's end of vxlan; nil: no vxlan
 	// noVXLAN says, with auto and no vtep, why this node has no vxlan
 	// (for the reason of each peer's choice).
 	noVXLAN string
@@ -179,7 +179,7 @@ type peerPath struct {
 	mode   Mode   // what auto picked (or the configured mode); "" if none
 	why    string // why this mode (auto's choice), for the log and status
 	err    error  // why there is no mode
-	tunIdx int   // wire mode for packets that reach the TUN device, -1 if none
+	tunIdx int    // wire mode for packets that reach the TUN device, -1 if none
 	dst    [numWireModes]netip.AddrPort
 
 	plain   bool           // plaintext both ways: encryption off, or a trusted peer
