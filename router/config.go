@@ -36,7 +36,7 @@ type Config struct {
 	Bridge       string // --bridge
 	MTU          int    // --mtu: 0 = derive
 	Encap        string // --encap
-	VXLANPort    int    // --vxlan-port: UDP port of the kernel VXLAN device (--encap vxlan)
+	VXLANPort    int    // --vxlan-port: UDP port of the kernel VXLAN device (vxlan, auto)
 	VXLANVNI     int    // --vxlan-vni: its VXLAN network identifier
 	CNIBinDir    string // --cni-bin-dir
 	CNIConfDir   string // --cni-conf-dir
