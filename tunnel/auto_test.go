@@ -69,6 +69,7 @@ func TestAutoChoosesPerPeer(t *testing.T) {
 		{name: "no password, peer has vxlan", mode: ModeVXLAN, reason: "no password"},
 		{name: "no password, peer without vxlan (older weft)", peer: mod(func(p *Peer) { p.Encaps, p.VTEP = nil, nil }), mode: ModeUDP, reason: "the peer has no vxlan"},
 		{name: "no password, peer with --encap udp", peer: mod(func(p *Peer) { p.Encaps, p.VTEP = []Mode{ModeUDP}, nil }), mode: ModeUDP, reason: "the peer has no vxlan"},
+		{name: "no password, peer advertises vxlan without a VTEP", peer: mod(func(p *Peer) { p.VTEP = nil }), mode: ModeUDP, reason: "without its VTEP"},
 		{name: "no password, peer's vxlan port differs", peer: mod(func(p *Peer) { p.VTEP.Port = 8472 }), mode: ModeUDP, reason: "--vxlan-port"},
 		{name: "no password, peer's VNI differs", peer: mod(func(p *Peer) { p.VTEP.VNI = 1 }), mode: ModeUDP, reason: "--vxlan-vni"},
 		{name: "no password, peer has this node's VTEP MAC", peer: mod(func(p *Peer) { p.VTEP.MAC = VTEPMAC("a") }), mode: ModeUDP, reason: "this node's VTEP MAC"},

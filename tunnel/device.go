@@ -580,7 +580,8 @@ func (d *Device) buildLocked(routes *Table) *snapshot {
 			p := s.peers[name]
 			p.mode, p.err, p.why, p.tunIdx, p.VTEP = "", err, "", -1, nil
 			if d.cfg.Mode == ModeAuto && d.canUDP(&p.Peer) {
-				// auto falls back to udp (plaintext: the peer may have it).
+				// auto falls back to udp; the peer was sent vxlan, so
+				// it may be sent plaintext.
 				p.mode, p.err, p.why, p.tunIdx = ModeUDP, nil, "vxlan: "+err.Error(), idxUDP
 			}
 		}
@@ -595,11 +596,12 @@ func (d *Device) canUDP(p *Peer) bool {
 }
 
 // choosePlain picks the mode towards peer p, whose traffic may be
-// plaintext (no password, or trusted: in a trusted subnet): with auto, the first of
-// this node's modes, fastest first, that the peer has too, vxlan only if
-// the peer's VTEP fits this node's (the same port and VNI, no clash of
-// MAC or address); otherwise the configured mode. why says why that
-// mode: for auto, what allows it, or why vxlan was not picked.
+// plaintext (no password, or trusted: p is in a trusted subnet): with
+// auto, the first of this node's modes, fastest first, that the peer has
+// too, vxlan only if the peer's VTEP fits this node's (the same port and
+// VNI, not this node's MAC or address); otherwise the configured mode.
+// why says why that mode: for auto, what allows it, or why vxlan was not
+// picked. (Two peers with one VTEP are sorted out after, in buildLocked.)
 func (d *Device) choosePlain(p Peer, trusted bool) (mode Mode, why string, err error) {
 	allowed := "no password"
 	if trusted {
@@ -620,7 +622,7 @@ func (d *Device) choosePlain(p Peer, trusted bool) (mode Mode, why string, err e
 	switch {
 	case d.vtep == nil:
 		novx = "this node has no vxlan: " + d.noVXLAN
-	case p.VTEP == nil || !slices.Contains(p.Encaps, ModeVXLAN):
+	case !slices.Contains(p.Encaps, ModeVXLAN):
 		novx = "the peer has no vxlan"
 	default:
 		if verr := vxlanPeerError(*d.vtep, p); verr != nil {
