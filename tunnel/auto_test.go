@@ -159,3 +159,30 @@ func TestAutoVXLANClashFallsBack(t *testing.T) {
 		t.Errorf("entries = %v, want g's only", got)
 	}
 }
+
+// TestAutoReceivesUDPFromAVXLANPeer: the receive side takes what the
+// other end picks. a (auto, with vxlan) sends to b with vxlan, as b
+// advertises it; b, with --encap udp here, sends to a with udp, and a's
+// udp socket delivers it to a's pods: a peer sent to with vxlan is still
+// received on udp.
+func TestAutoReceivesUDPFromAVXLANPeer(t *testing.T) {
+	net := bindtest.NewNetwork()
+	a := newTestNode(t, net, "a", nodeOpts{mode: ModeAuto, noIPIP: true, vteps: &fakeVTEPs{}})
+	b := newTestNode(t, net, "b", nodeOpts{mode: ModeUDP, noIPIP: true})
+	pb := vtepPeer("b")
+	pb.Encaps = []Mode{ModeVXLAN, ModeUDP}
+	a.setup(t, ring[:2], []Peer{pb})
+	b.setup(t, ring[:2], peersOf(a))
+	if got := a.d.ModeFor("b"); got != ModeVXLAN {
+		t.Fatalf("a sends to b with %q, want vxlan", got)
+	}
+	if got := b.d.ModeFor("a"); got != ModeUDP {
+		t.Fatalf("b sends to a with %q, want udp", got)
+	}
+	pong := ipv4Packet("10.36.0.7", "10.32.0.5", 64, true)
+	b.tun.Inbound <- pong
+	if got := expectPacket(t, a.tun.Outbound, "b to a by udp"); string(got) != string(pong) {
+		t.Fatalf("a got % x\nwant % x", got, pong)
+	}
+	waitFor(t, "a's udp counter", func() bool { return packets(a.d, dirIn, ModeUDP) == 1 })
+}
