@@ -24,7 +24,7 @@ func TestDemo(t *testing.T) {
 		t.Fatalf("demo failed: %v\n%s", err, out.String())
 	}
 	for _, want := range []string{"30 of 30 pairs reached", "every pod reached every other pod and every node's bridge",
-		"Service: ipam", "Status: ready", "Peers: 3", "Encapsulation: auto (udp: 2 peers)", "established  alive  udp",
+		"Service: ipam", "Status: ready", "Peers: 3", "Encapsulation: auto (vxlan (kernel): 2 peers)", "established  alive  vxlan (kernel)  unencrypted",
 		"done: nothing left behind"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out.String())

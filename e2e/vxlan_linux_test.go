@@ -358,8 +358,15 @@ func (v *vxlanVictim) control(t *testing.T, ctx context.Context, src netip.Addr)
 // this one. The guard drops them (vxlan-non-peer), the pod gets nothing;
 // the same packet from a peer's address (the control) arrives first. A pod
 // that sends it to a node's VXLAN port is dropped too (pod-to-router).
+// With --encap vxlan and with auto.
 func TestVXLANFromNonPeer(t *testing.T) {
-	c, ctx := startMeshCluster(t, 2, "--encap", "vxlan")
+	for _, encap := range []string{"vxlan", "auto"} {
+		t.Run(encap, func(t *testing.T) { vxlanFromNonPeer(t, encap) })
+	}
+}
+
+func vxlanFromNonPeer(t *testing.T, encap string) {
+	c, ctx := startMeshCluster(t, 2, "--encap", encap)
 	waitModes(t, ctx, c, "vxlan")
 	n0, n1 := c.Nodes[0], c.Nodes[1]
 	v := newVXLANVictim(t, ctx, n0, n1)
@@ -393,11 +400,18 @@ func TestVXLANFromNonPeer(t *testing.T) {
 // trusted subnets but runs a router without the password: it is refused
 // by the mesh, so it is no peer, and its VXLAN is dropped too. The same
 // packet from n1, a peer inside the trusted subnets, arrives (the
-// control).
+// control). The same with --encap auto, where n0 sends to n2 with sealed
+// udp (and n2, outside the trusted subnets, has no weft-vx).
 func TestVXLANFromUntrustedPeer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("e2e: skipped in -short mode")
 	}
+	for _, encap := range []string{"vxlan", "auto"} {
+		t.Run(encap, func(t *testing.T) { vxlanFromUntrustedPeer(t, encap) })
+	}
+}
+
+func vxlanFromUntrustedPeer(t *testing.T, encap string) {
 	run := NewTestRun(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
@@ -413,12 +427,12 @@ func TestVXLANFromUntrustedPeer(t *testing.T) {
 	}
 	trusted := n0.UnderlayIP.String() + "/32," + n1.UnderlayIP.String() + "/32," + n3.UnderlayIP.String() + "/32"
 	for _, n := range c.Nodes[:3] {
-		if _, err := n.StartRouter("--peers", strings.Join(all, ","), "--encap", "vxlan", "--password-file", pw, "--trusted-subnets", trusted); err != nil {
+		if _, err := n.StartRouter("--peers", strings.Join(all, ","), "--encap", encap, "--password-file", pw, "--trusted-subnets", trusted); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// n3: a router without the password, inside the trusted subnets.
-	if _, err := n3.StartRouter("--peers", strings.Join(all, ","), "--encap", "vxlan"); err != nil {
+	if _, err := n3.StartRouter("--peers", strings.Join(all, ","), "--encap", encap); err != nil {
 		t.Fatal(err)
 	}
 	for _, n := range []*Node{n0, n1} {
@@ -426,11 +440,21 @@ func TestVXLANFromUntrustedPeer(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitUntil(t, ctx, "n0 to send vxlan to n1 and know n2 (with no mode)", func() (bool, string) {
+	want2 := "" // --encap vxlan: no data path to n2, never plaintext
+	if encap == "auto" {
+		want2 = "udp" // sealed
+	}
+	waitUntil(t, ctx, fmt.Sprintf("n0 to send vxlan to n1 and know n2 (with mode %q)", want2), func() (bool, string) {
 		m, err := dataModes(ctx, n0)
 		mode2, known2 := m[n2.PeerName]
-		return err == nil && m[n1.PeerName] == "vxlan" && known2 && mode2 == "", fmt.Sprintf("%v %v", m, err)
+		return err == nil && m[n1.PeerName] == "vxlan" && known2 && mode2 == want2, fmt.Sprintf("%v %v", m, err)
 	})
+	if encap == "auto" {
+		wantStatus(t, ctx, n0, n2, "udp", "encrypted: outside trusted subnets")
+		if hasVXLANDevice(n2) {
+			t.Errorf("n2, outside the trusted subnets, has %s with auto", vxlanDev)
+		}
+	}
 	v := newVXLANVictim(t, ctx, n0, n1)
 	remote, err := n1.AddPod(ctx, "remote")
 	if err != nil {
@@ -462,9 +486,15 @@ func TestVXLANFromUntrustedPeer(t *testing.T) {
 // (vxlan-spoofed-source) and the pod gets nothing; the same packet from
 // n1's real pod (the control) arrives first. A packet from n1's pod to a
 // host outside the pod range, for n0 to relay, is dropped too
-// (vxlan-not-to-pods).
+// (vxlan-not-to-pods). With --encap vxlan and with auto.
 func TestVXLANSpoofedInnerSource(t *testing.T) {
-	c, ctx := startMeshCluster(t, 2, "--encap", "vxlan")
+	for _, encap := range []string{"vxlan", "auto"} {
+		t.Run(encap, func(t *testing.T) { vxlanSpoofedInnerSource(t, encap) })
+	}
+}
+
+func vxlanSpoofedInnerSource(t *testing.T, encap string) {
+	c, ctx := startMeshCluster(t, 2, "--encap", encap)
 	waitModes(t, ctx, c, "vxlan")
 	n0, n1 := c.Nodes[0], c.Nodes[1]
 	v := newVXLANVictim(t, ctx, n0, n1)

@@ -36,7 +36,7 @@ type Config struct {
 	Bridge       string // --bridge
 	MTU          int    // --mtu: 0 = derive
 	Encap        string // --encap
-	VXLANPort    int    // --vxlan-port: UDP port of the kernel VXLAN device (--encap vxlan)
+	VXLANPort    int    // --vxlan-port: UDP port of the kernel VXLAN device (vxlan, auto)
 	VXLANVNI     int    // --vxlan-vni: its VXLAN network identifier
 	CNIBinDir    string // --cni-bin-dir
 	CNIConfDir   string // --cni-conf-dir
@@ -202,7 +202,7 @@ func (c Config) Validate() (*Validated, error) {
 	if c.VXLANVNI < 1 || c.VXLANVNI > tunnel.MaxVNI {
 		add(fmt.Errorf("invalid --vxlan-vni %d: give 1..%d, the same on every node (default %d)", c.VXLANVNI, tunnel.MaxVNI, tunnel.DefaultVNI))
 	}
-	if v.EncapMode == tunnel.ModeVXLAN && (c.VXLANPort == c.DataPort || c.VXLANPort == c.Port) {
+	if (v.EncapMode == tunnel.ModeVXLAN || v.EncapMode == tunnel.ModeAuto) && (c.VXLANPort == c.DataPort || c.VXLANPort == c.Port) {
 		add(fmt.Errorf("invalid --vxlan-port %d: it is also the gossip or data port; give another (default %d)", c.VXLANPort, tunnel.DefaultVXLANPort))
 	}
 	if c.MTU != 0 {

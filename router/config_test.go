@@ -38,6 +38,7 @@ func TestValidate(t *testing.T) {
 		{"vxlan vni too big", func(c *Config) { c.Encap, c.VXLANVNI = "vxlan", 1<<24 }, "--vxlan-vni"},
 		{"vxlan port 0", func(c *Config) { c.Encap, c.VXLANPort = "vxlan", 0 }, "--vxlan-port"},
 		{"vxlan port is the data port", func(c *Config) { c.Encap, c.VXLANPort = "vxlan", c.DataPort }, "--vxlan-port"},
+		{"auto: vxlan port is the gossip port", func(c *Config) { c.Encap, c.VXLANPort = "auto", c.Port }, "--vxlan-port"},
 		{"log level", func(c *Config) { c.LogLevel = "loud" }, "--log-level"},
 		{"gc grace negative", func(c *Config) { c.GCGrace = -time.Second }, "--gc-grace"},
 		{"gc grace too long", func(c *Config) { c.GCGrace = 2 * time.Hour }, "--gc-grace"},

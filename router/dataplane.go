@@ -230,6 +230,10 @@ type ConnReport struct {
 	Kernel    bool   `json:"kernel,omitempty"`
 	Encrypted bool   `json:"encrypted"`
 	Trusted   bool   `json:"trusted,omitempty"` // in --trusted-subnets: plaintext on purpose
+	// Reason says why this mode (tunnel.Connection.Reason): "no
+	// password", "encrypted: outside trusted subnets", "the peer has no
+	// vxlan", ...
+	Reason    string `json:"reason,omitempty"`
 	DataError string `json:"dataError,omitempty"`
 }
 
@@ -247,7 +251,7 @@ func (r *Router) connections() []ConnReport {
 		cr := ConnReport{Connection: c}
 		if p, ok := paths[string(c.Peer)]; ok && c.Peer != "" {
 			cr.Mode, cr.Kernel, cr.DataError = string(p.Mode), p.Kernel, p.Error
-			cr.Encrypted, cr.Trusted = p.Encrypted, p.Trusted
+			cr.Encrypted, cr.Trusted, cr.Reason = p.Encrypted, p.Trusted, p.Reason
 		}
 		out = append(out, cr)
 	}
@@ -257,11 +261,13 @@ func (r *Router) connections() []ConnReport {
 // WriteConnections writes the text of GET /status/connections, one line
 // per connection:
 //
-//	-> address  established|failed  state  data-path  encryption  name(nickname)  [error]
+//	-> address  established|failed  state  data-path  encryption  name(nickname)  [reason] [error]
 //
-// where data-path is udp, ipip (kernel), ipip (userspace) or "-" when no
-// data can be sent to the peer, and encryption is encrypted, unencrypted
-// or trusted (unencrypted because the peer is in --trusted-subnets).
+// where data-path is udp, vxlan (kernel), ipip (kernel), ipip (userspace)
+// or "-" when no data can be sent to the peer, encryption is encrypted,
+// unencrypted or trusted (unencrypted because the peer is in
+// --trusted-subnets), and reason why this data path ("no password",
+// "encrypted: outside trusted subnets", "the peer has no vxlan", ...).
 func WriteConnections(w io.Writer, conns []ConnReport) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	for _, c := range conns {
@@ -277,6 +283,8 @@ func WriteConnections(w io.Writer, conns []ConnReport) error {
 			mode = "ipip (kernel)"
 		case c.Mode == string(tunnel.ModeIPIP):
 			mode = "ipip (userspace)"
+		case c.Mode == string(tunnel.ModeVXLAN):
+			mode = "vxlan (kernel)"
 		case c.Mode != "":
 			mode = c.Mode
 		}
@@ -290,6 +298,9 @@ func WriteConnections(w io.Writer, conns []ConnReport) error {
 			crypto = "trusted"
 		}
 		errs := []string{}
+		if c.Reason != "" {
+			errs = append(errs, c.Reason)
+		}
 		if c.Error != "" {
 			errs = append(errs, c.Error)
 		}

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/weft-net/weft/mesh"
 )
 
 func TestStatusServer(t *testing.T) {
@@ -169,5 +171,34 @@ func TestStatusLimitsSet(t *testing.T) {
 	}
 	if localAPILimits.WriteTimeout <= allocateWait || localAPILimits.WriteTimeout <= resetWait {
 		t.Errorf("the local API's write timeout %s would cut an allocation that waits %s", localAPILimits.WriteTimeout, allocateWait)
+	}
+}
+
+// TestWriteConnectionsReason: `weft status connections` names the kernel
+// VXLAN path and says why each peer got its mode.
+func TestWriteConnectionsReason(t *testing.T) {
+	conns := []ConnReport{
+		{Connection: mesh.Connection{Address: "10.250.0.2:6783", Outcome: "established", State: "alive", Peer: "aa", Nick: "n1"},
+			Mode: "vxlan", Kernel: true, Reason: "no password"},
+		{Connection: mesh.Connection{Address: "10.250.0.3:6783", Outcome: "established", State: "alive", Peer: "bb", Nick: "n2"},
+			Mode: "udp", Encrypted: true, Reason: "encrypted: outside trusted subnets"},
+	}
+	var b strings.Builder
+	if err := WriteConnections(&b, conns); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("%d lines, want 2:\n%s", len(lines), b.String())
+	}
+	for i, want := range [][]string{{"vxlan (kernel)", "unencrypted", "aa(n1)", "no password"}, {"udp", "encrypted", "bb(n2)", "encrypted: outside trusted subnets"}} {
+		for _, w := range want {
+			if !strings.Contains(lines[i], w) {
+				t.Errorf("line %d %q lacks %q", i, lines[i], w)
+			}
+		}
+	}
+	if got := encapSummary("auto", conns); got != "auto (udp: 1 peer, vxlan (kernel): 1 peer)" {
+		t.Errorf("encapSummary = %q", got)
 	}
 }

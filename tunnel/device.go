@@ -125,9 +125,12 @@ type Device struct {
 	kernel  bool                    // ipip is kernel IPIP (no userspace socket)
 	local   []Mode                  // what this node can do, fastest first
 	routing RouteApplier
-	tunSrc  netip.Addr  // the address SetSourceAddr last gave the TUN device; SetRing clears it to check again
-	vxSrc   netip.Addr  // and the VXLAN device
-	vtep    *VTEP       // this node's end of vxlan; nil: no vxlan
+	tunSrc  netip.Addr // the address SetSourceAddr last gave the TUN device; SetRing clears it to check again
+	vxSrc   netip.Addr // and the VXLAN device
+	vtep    *VTEP      // this node's end of vxlan; nil: no vxlan
+	// noVXLAN says, with auto and no vtep, why this node has no vxlan
+	// (for the reason of each peer's choice).
+	noVXLAN string
 	vteps   VTEPApplier // the VXLAN device's neighbours and FDB
 	// vtepsDone is the entries applyVTEPsLocked last made the device
 	// hold, valid while vtepsOK (false after a failure: redo).
@@ -173,9 +176,10 @@ type snapshot struct {
 // peerPath is how packets reach one peer.
 type peerPath struct {
 	Peer
-	mode   Mode  // what auto picked (or the configured mode); "" if none
-	err    error // why there is no mode
-	tunIdx int   // wire mode for packets that reach the TUN device, -1 if none
+	mode   Mode   // what auto picked (or the configured mode); "" if none
+	why    string // why this mode (auto's choice), for the log and status
+	err    error  // why there is no mode
+	tunIdx int    // wire mode for packets that reach the TUN device, -1 if none
 	dst    [numWireModes]netip.AddrPort
 
 	plain   bool           // plaintext both ways: encryption off, or a trusted peer
@@ -234,6 +238,9 @@ func New(cfg Config) (*Device, error) {
 	if err := d.setupCrypto(); err != nil {
 		return nil, err
 	}
+	if cfg.Mode == ModeAuto {
+		d.noVXLAN = d.autoVXLANBlocked()
+	}
 	// The largest datagram accepted: what fits the underlay, or a frame
 	// of a full TUN packet (sent fragmented when it does not fit).
 	d.bufSize = max(cfg.UnderlayMTU, cfg.MTU+FrameHeaderLen+AEADTagLen)
@@ -253,7 +260,13 @@ func New(cfg Config) (*Device, error) {
 	} else {
 		d.tun, d.routing = cfg.TUN, cfg.Routing
 		d.binds[idxUDP], d.binds[idxIPIP] = cfg.UDP, cfg.IPIP
-		if cfg.VTEPs != nil && cfg.Mode == ModeVXLAN {
+		switch {
+		case cfg.Mode == ModeAuto && d.noVXLAN != "":
+		case cfg.VTEPs == nil:
+			if cfg.Mode == ModeAuto {
+				d.noVXLAN = "no VXLAN device"
+			}
+		case cfg.Mode == ModeVXLAN || cfg.Mode == ModeAuto:
 			d.vteps = cfg.VTEPs
 			d.vtep = &VTEP{MAC: VTEPMAC(cfg.Self), Addr: cfg.Underlay, Port: cfg.VXLANPort, VNI: cfg.VNI}
 		}
@@ -302,15 +315,16 @@ func (d *Device) offloads() string {
 }
 
 // capabilities lists the modes this node can use, fastest first: kernel
-// IPIP beats everything; between the userspace paths, udp measured
-// faster than userspace IPIP (docs/benchmarks.md) and keeps checksums.
+// IPIP (the least overhead, no Ethernet header), then the kernel's VXLAN
+// device; between the userspace paths, udp measured faster than
+// userspace IPIP (docs/benchmarks.md) and keeps checksums.
 func (d *Device) capabilities() []Mode {
 	var out []Mode
-	if d.vtep != nil {
-		out = append(out, ModeVXLAN)
-	}
 	if d.kernel {
 		out = append(out, ModeIPIP)
+	}
+	if d.vtep != nil {
+		out = append(out, ModeVXLAN)
 	}
 	if d.binds[idxUDP] != nil {
 		out = append(out, ModeUDP)
@@ -407,8 +421,12 @@ type Connection struct {
 	Encrypted bool `json:"encrypted"`
 	// Trusted says the peer is in a trusted subnet: plaintext both ways
 	// although encryption is on.
-	Trusted bool   `json:"trusted,omitempty"`
-	Error   string `json:"error,omitempty"`
+	Trusted bool `json:"trusted,omitempty"`
+	// Reason says why this mode: with auto, what allows it ("no
+	// password", "trusted subnet") or why a faster one is not used
+	// ("encrypted: outside trusted subnets", "the peer has no vxlan").
+	Reason string `json:"reason,omitempty"`
+	Error  string `json:"error,omitempty"`
 }
 
 // Connections lists every peer's data path, sorted by name.
@@ -417,7 +435,7 @@ func (d *Device) Connections() []Connection {
 	out := make([]Connection, 0, len(s.peers))
 	for _, p := range s.peers {
 		c := Connection{Peer: p.Name, Mode: p.mode, Advertised: p.Encaps, Kernel: p.mode == ModeIPIP && d.kernel || p.mode == ModeVXLAN,
-			Encrypted: p.mode != "" && !p.plain && p.sess != nil, Trusted: p.trusted}
+			Encrypted: p.mode != "" && !p.plain && p.sess != nil, Trusted: p.trusted, Reason: p.why}
 		if p.mode != "" {
 			c.Address = p.addr()
 		}
@@ -443,14 +461,14 @@ func (d *Device) SetPeers(peers []Peer) error {
 	for name, p := range next.peers {
 		o := old.peers[name]
 		switch {
-		case o == nil || o.mode != p.mode || o.plain != p.plain || (o.sess == nil) != (p.sess == nil):
+		case o == nil || o.mode != p.mode || o.why != p.why || o.plain != p.plain || (o.sess == nil) != (p.sess == nil):
 			switch {
 			case p.noKey:
 				d.log.Warn(fmt.Sprintf("peer %s: %v; its traffic is dropped", name, p.err), "peer", name)
 			case p.mode == "":
 				d.log.Warn(fmt.Sprintf("peer %s: no encapsulation in common; its traffic is dropped", name), "peer", name, "err", p.err)
 			default:
-				d.log.Info(fmt.Sprintf("peer %s: sending with %s, %s", name, p.mode, p.protection()), "peer", name, "mode", p.mode,
+				d.log.Info(fmt.Sprintf("peer %s: %s (%s)", name, p.mode, p.why), "peer", name, "mode", p.mode, "protection", p.protection(),
 					"address", p.addr(), "kernel", p.mode == ModeIPIP && d.kernel || p.mode == ModeVXLAN, "encrypted", !p.plain)
 			}
 		case o.Underlay != p.Underlay || o.DataPort != p.DataPort || !sameVTEP(o.VTEP, p.VTEP):
@@ -524,19 +542,19 @@ func (d *Device) buildLocked(routes *Table) *snapshot {
 			pp.err = fmt.Errorf("peer %s has no IPv4 underlay address (%v)", p.Name, p.Underlay)
 		case !pp.plain:
 			pp.mode, pp.err = chooseSealedMode(d.cfg.Mode, d.local, p.Encaps)
+			pp.why = d.sealedWhy()
 			if pp.mode != "" && pp.sess == nil {
 				pp.mode, pp.err, pp.noKey = "", keyErr, true
 			}
 		default:
-			pp.mode, pp.err = ChooseMode(d.cfg.Mode, d.local, p.Encaps)
+			pp.mode, pp.why, pp.err = d.choosePlain(p, pp.trusted)
+		}
+		if pp.mode == "" {
+			pp.why = ""
 		}
 		if pp.mode == ModeVXLAN {
-			if err := vxlanPeerError(*d.vtep, p); err != nil {
-				pp.mode, pp.err = "", err
-			} else {
-				v := *p.VTEP
-				pp.VTEP = &v
-			}
+			v := *p.VTEP
+			pp.VTEP = &v
 		}
 		if pp.mode != "" {
 			pp.tunIdx = modeIndex(pp.mode)
@@ -545,7 +563,7 @@ func (d *Device) buildLocked(routes *Table) *snapshot {
 				// still reaches the TUN device (a route being changed)
 				// goes by udp if the peer has it.
 				pp.tunIdx = -1
-				if d.binds[idxUDP] != nil && (len(p.Encaps) == 0 || slices.Contains(p.Encaps, ModeUDP)) {
+				if d.canUDP(&p) {
 					pp.tunIdx = idxUDP
 				}
 			}
@@ -560,10 +578,80 @@ func (d *Device) buildLocked(routes *Table) *snapshot {
 		_, clash := vtepEntries(s.peers)
 		for name, err := range clash {
 			p := s.peers[name]
-			p.mode, p.err, p.tunIdx, p.VTEP = "", err, -1, nil
+			p.mode, p.err, p.why, p.tunIdx, p.VTEP = "", err, "", -1, nil
+			if d.cfg.Mode == ModeAuto && d.canUDP(&p.Peer) {
+				// auto falls back to udp; the peer was sent vxlan, so
+				// it may be sent plaintext.
+				p.mode, p.err, p.why, p.tunIdx = ModeUDP, nil, "vxlan: "+err.Error(), idxUDP
+			}
 		}
 	}
 	return s
+}
+
+// canUDP reports whether this node can send udp to p: it has the socket
+// and the peer accepts udp.
+func (d *Device) canUDP(p *Peer) bool {
+	return d.binds[idxUDP] != nil && (len(p.Encaps) == 0 || slices.Contains(p.Encaps, ModeUDP))
+}
+
+// choosePlain picks the mode towards peer p, whose traffic may be
+// plaintext (no password, or trusted: p is in a trusted subnet): with
+// auto, the first of this node's modes, fastest first, that the peer has
+// too, vxlan only if the peer's VTEP fits this node's (the same port and
+// VNI, not this node's MAC or address); otherwise the configured mode.
+// why says why that mode: for auto, what allows it, or why vxlan was not
+// picked. (Two peers with one VTEP are sorted out after, in buildLocked.)
+func (d *Device) choosePlain(p Peer, trusted bool) (mode Mode, why string, err error) {
+	allowed := "no password"
+	if trusted {
+		allowed = "trusted subnet"
+	}
+	if d.cfg.Mode != ModeAuto {
+		mode, err = ChooseMode(d.cfg.Mode, d.local, p.Encaps)
+		if err == nil && mode == ModeVXLAN {
+			err = vxlanPeerError(*d.vtep, p)
+		}
+		if err != nil {
+			return "", "", err
+		}
+		return mode, "--encap " + string(mode) + ", " + allowed, nil
+	}
+	// Why vxlan is not used with this peer, if it is not.
+	var novx string
+	switch {
+	case d.vtep == nil:
+		novx = "this node has no vxlan: " + d.noVXLAN
+	case !slices.Contains(p.Encaps, ModeVXLAN):
+		novx = "the peer has no vxlan"
+	default:
+		if verr := vxlanPeerError(*d.vtep, p); verr != nil {
+			novx = "vxlan: " + verr.Error()
+		}
+	}
+	local := d.local
+	if novx != "" {
+		local = slices.DeleteFunc(slices.Clone(local), func(m Mode) bool { return m == ModeVXLAN })
+	}
+	mode, err = ChooseMode(ModeAuto, local, p.Encaps)
+	switch {
+	case err != nil:
+		if novx != "" {
+			err = fmt.Errorf("%w (%s)", err, novx)
+		}
+		return "", "", err
+	case mode == ModeVXLAN || mode == ModeIPIP && d.kernel || novx == "":
+		return mode, allowed, nil
+	}
+	return mode, novx, nil
+}
+
+// sealedWhy is why a peer that must be encrypted gets the mode it got.
+func (d *Device) sealedWhy() string {
+	if d.cfg.Mode != ModeAuto {
+		return "--encap " + string(d.cfg.Mode) + ", encrypted"
+	}
+	return "encrypted: outside trusted subnets"
 }
 
 // SetRing hands the tunnel the ring as it is now: the ranges and their

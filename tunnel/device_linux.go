@@ -43,13 +43,28 @@ func (d *Device) openKernel() (err error) {
 			return err
 		}
 	}
-	if cfg.Mode == ModeVXLAN {
+	switch {
+	case cfg.Mode == ModeVXLAN:
 		return d.openVXLAN()
-	}
-	// A VXLAN device left from a run in the vxlan mode would go on
-	// taking plaintext packets from anyone: remove it.
-	if err := RemoveKernelVXLAN(cfg.VXLANName); err != nil {
-		return fmt.Errorf("removing the VXLAN device of an earlier --encap vxlan: %w", err)
+	case cfg.Mode == ModeAuto && d.noVXLAN == "":
+		// auto: the VXLAN device for the peers it may be used with. A
+		// node that cannot have one uses udp with every peer.
+		if verr := d.openVXLAN(); verr != nil {
+			d.noVXLAN = verr.Error()
+			if err := RemoveKernelVXLAN(cfg.VXLANName); err != nil {
+				return fmt.Errorf("removing the VXLAN device that auto could not set up (%v): %w", verr, err)
+			}
+			d.log.Warn("auto: no vxlan on this node; its peers get udp (or ipip)", "reason", verr)
+		}
+	default:
+		// A VXLAN device left from a run in the vxlan mode (or auto)
+		// would go on taking plaintext packets: remove it.
+		if err := RemoveKernelVXLAN(cfg.VXLANName); err != nil {
+			return fmt.Errorf("removing the VXLAN device of an earlier vxlan run: %w", err)
+		}
+		if cfg.Mode == ModeAuto {
+			d.log.Info("auto: no vxlan on this node", "reason", d.noVXLAN)
+		}
 	}
 	if cfg.Mode == ModeUDP {
 		return nil
@@ -93,6 +108,9 @@ func (d *Device) openVXLAN() error {
 	mac := VTEPMAC(cfg.Self)
 	if _, err := EnsureKernelVXLAN(h, VXLANLink{Name: cfg.VXLANName, VNI: cfg.VNI, Port: cfg.VXLANPort, Local: cfg.Underlay, MTU: cfg.MTU, MAC: mac}); err != nil {
 		h.Close()
+		if cfg.Mode == ModeAuto {
+			return err
+		}
 		return fmt.Errorf("this node cannot do --encap vxlan: %w", err)
 	}
 	d.vteps = NewVTEPApplier(h, cfg.VXLANName)

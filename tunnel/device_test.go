@@ -54,6 +54,7 @@ type nodeOpts struct {
 	now         func() time.Time
 	rekey       crypt.Limits
 	log         *slog.Logger // testLogger if nil
+	vteps       VTEPApplier  // vxlan (its device taken to exist) if set
 }
 
 func newTestNode(t *testing.T, net *bindtest.Network, name string, o nodeOpts) *testNode {
@@ -80,6 +81,9 @@ func newTestNode(t *testing.T, net *bindtest.Network, name string, o nodeOpts) *
 	if !o.noIPIP {
 		n.ipip = net.Bind(netip.AddrPortFrom(underlayOf(name), 0))
 		cfg.IPIP = n.ipip
+	}
+	if o.vteps != nil {
+		cfg.VTEPs, cfg.Underlay = o.vteps, underlayOf(name)
 	}
 	d, err := New(cfg)
 	if err != nil {

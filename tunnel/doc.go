@@ -31,10 +31,14 @@
 // Device only keeps a route via each peer's VTEP address onlink, a
 // permanent neighbour and an FDB entry per peer (Peer.VTEP, LocalVTEP),
 // which stay when the router stops, and keeps what it finds until Settle.
-// auto: per peer, the first mode of
-// this node's list (fastest first: kernel IPIP, udp, userspace IPIP) that
-// the peer advertises; the choice is logged, shown by Connections and
-// exported as weft_tunnel_peer_mode.
+// auto: per peer, the first mode of this node's list (fastest first:
+// kernel IPIP, vxlan, udp, userspace IPIP) that the peer advertises and
+// that is allowed: the plaintext modes only where the traffic may be
+// plaintext (no password, or the peer inside the trusted subnets; with a
+// password, auto makes weft-vx only if this node is inside them too), and
+// vxlan only towards a VTEP of the same port and VNI. The choice and its
+// reason are logged, shown by Connections (Reason) and exported as
+// weft_tunnel_peer_mode.
 //
 // # Encryption
 //

@@ -163,6 +163,26 @@ func checkVTEPs(want []VTEPEntry) error {
 // peer outside the trusted subnets.
 var ErrVXLANUnencrypted = errors.New("vxlan cannot be encrypted: with a password set, use --encap udp (sealed), or list the peers' underlay subnets in --trusted-subnets")
 
+// autoVXLANBlocked says why auto may not have the VXLAN device on this
+// node, or "": VXLAN cannot be encrypted, so with a password it is used
+// only between nodes inside --trusted-subnets, and this node must be one
+// of them (the peers check their side: a peer outside them gets udp).
+func (d *Device) autoVXLANBlocked() string {
+	switch {
+	case d.crypto == nil:
+		return ""
+	case len(d.trusted) == 0:
+		return "a password is set and no --trusted-subnets are given: vxlan cannot be encrypted"
+	case !inPrefixes(d.trusted, d.cfg.Underlay):
+		return fmt.Sprintf("a password is set and this node's address %v is outside --trusted-subnets: vxlan cannot be encrypted", d.cfg.Underlay)
+	}
+	return ""
+}
+
+func inPrefixes(ps []netip.Prefix, a netip.Addr) bool {
+	return slices.ContainsFunc(ps, func(p netip.Prefix) bool { return p.Contains(a) })
+}
+
 // vxlanPeerError says why a peer that advertises vxlan cannot be sent to
 // with it from this node's VTEP, or nil.
 func vxlanPeerError(self VTEP, p Peer) error {

@@ -40,16 +40,22 @@ func parseFlags(dur time.Duration, streams, modes string, runs int) (config, err
 	}
 	for _, s := range strings.Split(modes, ",") {
 		m := tunnel.Mode(strings.TrimSpace(s))
-		if m != tunnel.ModeUDP && m != tunnel.ModeIPIP && m != tunnel.ModeVXLAN {
-			return c, fmt.Errorf("-modes %q: each mode must be udp, ipip or vxlan (auto picks one of them; name it instead)", modes)
+		if m != tunnel.ModeUDP && m != tunnel.ModeIPIP && m != tunnel.ModeVXLAN && m != tunnel.ModeAuto {
+			return c, fmt.Errorf("-modes %q: each mode must be udp, ipip, vxlan or auto", modes)
 		}
 		if slices.Contains(c.modes, m) {
 			return c, fmt.Errorf("-modes %q: %s is named twice", modes, m)
 		}
 		c.modes = append(c.modes, m)
 	}
-	if !slices.ContainsFunc(c.modes, func(m tunnel.Mode) bool { return m != tunnel.ModeVXLAN }) {
-		return c, fmt.Errorf("-modes %q: name udp or ipip too: the kernel VXLAN baseline runs beside their routers (weft's vxlan takes port 4789 itself)", modes)
+	if !slices.ContainsFunc(c.modes, func(m tunnel.Mode) bool { return !hasVXLAN(m) }) {
+		return c, fmt.Errorf("-modes %q: name udp or ipip too: the kernel VXLAN baseline runs beside their routers (weft's vxlan and auto take port 4789 themselves)", modes)
 	}
 	return c, nil
 }
+
+// hasVXLAN reports whether routers with --encap m make weft-vx, which
+// takes port 4789 in their namespaces (the baselines run elsewhere) and
+// forwards in the kernel (no library control): vxlan, and auto, which
+// picks it between two nodes without a password.
+func hasVXLAN(m tunnel.Mode) bool { return m == tunnel.ModeVXLAN || m == tunnel.ModeAuto }

@@ -18,10 +18,11 @@
 // binaries in bin/). Everything it makes lives in namespaces of its own and
 // is removed on exit, also on SIGINT and SIGTERM.
 //
-// For vxlan the routers forward nothing (the kernel's weft-vx does): its
+// For vxlan, and auto where it picks vxlan (two nodes without a
+// password), the routers forward nothing (the kernel's weft-vx does): the
 // row has no forwarder CPU, and no library control.
 //
-//	go run ./e2e/cmd/podbench [-modes udp,ipip,vxlan] [-runs 3] [-time 6s] [-streams 1,4]
+//	go run ./e2e/cmd/podbench [-modes udp,ipip,vxlan,auto] [-runs 3] [-time 6s] [-streams 1,4]
 package main
 
 import (
@@ -54,7 +55,7 @@ func main() { os.Exit(run()) }
 func run() int {
 	dur := flag.Duration("time", 6*time.Second, "length of each iperf3 run (whole seconds, at least 2s; the first second is omitted)")
 	streams := flag.String("streams", "1,4", "parallel TCP streams (iperf3 -P), comma-separated")
-	modes := flag.String("modes", "udp,ipip,vxlan", "weft --encap modes to measure, comma-separated (udp, ipip, vxlan)")
+	modes := flag.String("modes", "udp,ipip,vxlan,auto", "weft --encap modes to measure, comma-separated (udp, ipip, vxlan, auto)")
 	runs := flag.Int("runs", 3, "rounds over every path; each row is the median")
 	binDir := flag.String("bin", "", "directory of the weft binaries (default $WEFT_BIN_DIR, else bin/ of the weft module)")
 	routerArgs := flag.String("router-args", "", "extra arguments for every `weft router`, separated by spaces (e.g. \"--mtu 1400\")")
@@ -166,14 +167,14 @@ func (b *bench) run() error {
 			return fmt.Errorf("%s cluster: %w", m, err)
 		}
 		weft = append(weft, p)
-		if b.cfg.library && m != tunnel.ModeVXLAN {
+		if b.cfg.library && !hasVXLAN(m) {
 			lp, err := b.library(m)
 			if err != nil {
 				return fmt.Errorf("%s control path: %w", m, err)
 			}
 			weft = append(weft, lp)
 		}
-		if base == nil && m != tunnel.ModeVXLAN {
+		if base == nil && !hasVXLAN(m) {
 			// The baselines run between the nodes of the first cluster
 			// without weft's own VXLAN device (both would take port 4789),
 			// next to its routers, under the same nftables rules as weft's
@@ -254,7 +255,7 @@ func (b *bench) cluster(mode tunnel.Mode) (*e2e.Cluster, path, error) {
 			return nil, path{}, err
 		}
 	}
-	kernel, err := waitMode(ctx, c, mode)
+	picked, kernel, err := waitMode(ctx, c, mode)
 	if err != nil {
 		return nil, path{}, err
 	}
@@ -270,11 +271,14 @@ func (b *bench) cluster(mode tunnel.Mode) (*e2e.Cluster, path, error) {
 		return nil, path{}, fmt.Errorf("pod %s cannot reach pod %s before the benchmark: %w\n%s", a, pb, err, routerLogs(c))
 	}
 	name := "weft " + string(mode)
-	if mode == tunnel.ModeIPIP {
+	if mode == tunnel.ModeAuto {
+		name += ", picked " + string(picked)
+	}
+	if picked == tunnel.ModeIPIP {
 		name += map[bool]string{true: " (kernel IPIP)", false: " (userspace IPIP: TUN + raw socket)"}[kernel]
 	}
 	progress("%s: routers ready, sending to each other with %s; pods %s (%s) and %s (%s); %s", mode, name, a, a.Prefix, pb, pb.Prefix, describe(a, c.Nodes[0], pids[0]))
-	if mode == tunnel.ModeVXLAN {
+	if picked == tunnel.ModeVXLAN {
 		name += " (kernel VXLAN weft-vx)"
 		pids = nil // the kernel forwards: the routers' CPU is not the path's
 	}
@@ -293,8 +297,9 @@ type connReport struct {
 }
 
 // waitMode polls both routers' /report until each sends to the other with
-// mode, and says whether that is the kernel's (IPIP) device.
-func waitMode(ctx context.Context, c *e2e.Cluster, mode tunnel.Mode) (kernel bool, err error) {
+// mode (with auto: the same mode both ways, whichever it picked), and
+// returns the mode and whether that is the kernel's device.
+func waitMode(ctx context.Context, c *e2e.Cluster, mode tunnel.Mode) (picked tunnel.Mode, kernel bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	t := time.NewTicker(100 * time.Millisecond)
@@ -317,14 +322,23 @@ func waitMode(ctx context.Context, c *e2e.Cluster, mode tunnel.Mode) (kernel boo
 				}
 			}
 			seen = append(seen, fmt.Sprintf("%s->%s: %q (%v)", n.Name, other.Name, got, err))
-			ok = ok && got == string(mode)
+			switch {
+			case mode == tunnel.ModeAuto && i == 0:
+				picked = tunnel.Mode(got)
+				ok = ok && got != ""
+			case mode == tunnel.ModeAuto:
+				ok = ok && got == string(picked)
+			default:
+				picked = mode
+				ok = ok && got == string(mode)
+			}
 		}
 		if ok {
-			return kernel, nil
+			return picked, kernel, nil
 		}
 		select {
 		case <-ctx.Done():
-			return false, fmt.Errorf("routers not sending to each other with %s: %w; last seen %s\n%s", mode, ctx.Err(), strings.Join(seen, ", "), routerLogs(c))
+			return "", false, fmt.Errorf("routers not sending to each other with %s: %w; last seen %s\n%s", mode, ctx.Err(), strings.Join(seen, ", "), routerLogs(c))
 		case <-t.C:
 		}
 	}

@@ -1,0 +1,323 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/weft-net/weft/tunnel"
+)
+
+// txPackets is what the kernel sent through device dev of node n so far:
+// for weft-vx, packets wrapped in VXLAN; for weft-tun, packets handed to
+// the router (the userspace udp path).
+func txPackets(t *testing.T, n *Node, dev string) uint64 {
+	t.Helper()
+	var tx uint64
+	err := n.NS.WithHandle(func(h *netlink.Handle) error {
+		l, err := h.LinkByName(dev)
+		if err != nil {
+			return err
+		}
+		if s := l.Attrs().Statistics; s != nil {
+			tx = s.TxPackets
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("%s: reading the counters of %s: %v", n.Name, dev, err)
+	}
+	return tx
+}
+
+// routeDev is the device node n's kernel routes dst through.
+func routeDev(ctx context.Context, n *Node, dst netip.Addr) string {
+	out, err := n.NS.Exec(ctx, "ip", "-o", "route", "get", dst.String())
+	if err != nil {
+		return fmt.Sprintf("ip route get %s: %v", dst, err)
+	}
+	f := strings.Fields(string(out))
+	for i, w := range f {
+		if w == "dev" && i+1 < len(f) {
+			return f[i+1]
+		}
+	}
+	return string(out)
+}
+
+// overVXLAN sends 4 MB of TCP from one pod to the other and shows that
+// it went through the kernel's VXLAN device: the sender's route to the
+// pod is on weft-vx, weft-vx's counters grow by the transfer, and
+// weft-tun's (the userspace path) hardly at all.
+func overVXLAN(t *testing.T, ctx context.Context, c *Cluster, from, to *Pod) {
+	t.Helper()
+	n := from.Node
+	if dev := routeDev(ctx, n, to.IP); dev != vxlanDev {
+		t.Errorf("%s routes %s through %q, want %s", n.Name, to.IP, dev, vxlanDev)
+	}
+	vx0, tun0 := txPackets(t, n, vxlanDev), txPackets(t, n, "weft-tun")
+	tctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	if err := transfer(tctx, from, to, 4<<20); err != nil {
+		t.Fatalf("4 MB from %s to %s: %v\n%s", from, to, err, routerLogs(c))
+	}
+	vx, tun := txPackets(t, n, vxlanDev)-vx0, txPackets(t, n, "weft-tun")-tun0
+	t.Logf("4 MB %s -> %s: %s sent %d packets on %s, %d on weft-tun", from, to, n.Name, vx, vxlanDev, tun)
+	// 4 MB are at least 64 segments of 64 KB (GSO) on the VXLAN device.
+	if vx < 64 || tun*20 > vx {
+		t.Errorf("%s -> %s did not go over vxlan: %d packets on %s, %d on weft-tun", from, to, vx, vxlanDev, tun)
+	}
+}
+
+// connLines is node n's `weft status connections`, by peer name.
+func connLines(t *testing.T, ctx context.Context, n *Node) map[string]string {
+	t.Helper()
+	out, err := n.Weft(ctx, "status", "connections")
+	if err != nil {
+		t.Fatalf("%s: weft status connections: %s (%v)", n.Name, out, err)
+	}
+	lines := map[string]string{}
+	for _, l := range strings.Split(string(out), "\n") {
+		for _, f := range strings.Fields(l) {
+			if i := strings.IndexByte(f, '('); i > 0 && strings.HasSuffix(f, ")") {
+				lines[f[:i]] = l
+			}
+		}
+	}
+	return lines
+}
+
+// wantStatus checks that node n's status says, for peer o, each of want.
+func wantStatus(t *testing.T, ctx context.Context, n, o *Node, want ...string) {
+	t.Helper()
+	l := connLines(t, ctx, n)[o.PeerName]
+	for _, w := range want {
+		if !strings.Contains(l, w) {
+			t.Errorf("%s's status for %s: %q, want %q in it", n.Name, o.Name, l, w)
+		}
+	}
+}
+
+// vxlanIndex is the interface index of node n's weft-vx: a device made
+// again gets another.
+func vxlanIndex(t *testing.T, n *Node) int {
+	t.Helper()
+	var idx int
+	err := n.NS.WithHandle(func(h *netlink.Handle) error {
+		l, err := h.LinkByName(vxlanDev)
+		if err == nil {
+			idx = l.Attrs().Index
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("%s: %s: %v", n.Name, vxlanDev, err)
+	}
+	return idx
+}
+
+func hasVXLANDevice(n *Node) bool {
+	err := n.NS.WithHandle(func(h *netlink.Handle) error {
+		_, err := h.LinkByName(vxlanDev)
+		return err
+	})
+	return err == nil
+}
+
+// TestAutoVXLAN: three nodes with the default --encap auto and no
+// password send to each other with the kernel's VXLAN device: every pod
+// reaches every other pod, TCP between every pair of nodes goes through
+// weft-vx (its counters, and the routes) and not weft-tun, and the status
+// says vxlan with the reason. A router killed and restarted adopts
+// weft-vx without cutting a pod-to-pod ping; weft reset removes it.
+func TestAutoVXLAN(t *testing.T) {
+	c, ctx := startMeshCluster(t, 3)
+	waitModes(t, ctx, c, "vxlan")
+	var pods []*Pod
+	for _, n := range c.Nodes {
+		p, err := n.AddPod(ctx, "p")
+		if err != nil {
+			t.Fatal(err)
+		}
+		pods = append(pods, p)
+	}
+	pingAll(t, ctx, c, pods)
+	for i := range pods {
+		for j := range pods {
+			if i != j {
+				overVXLAN(t, ctx, c, pods[i], pods[j])
+			}
+		}
+	}
+	for _, n := range c.Nodes {
+		for _, o := range c.Nodes {
+			if o != n {
+				wantStatus(t, ctx, n, o, "vxlan (kernel)", "unencrypted", "no password")
+			}
+		}
+	}
+	if out, err := c.Nodes[0].Weft(ctx, "status", "connections"); err == nil {
+		t.Logf("n0: weft status connections:\n%s", out)
+	}
+
+	// kill -9 of n2's router under a ping from n0 to n2: the kernel goes
+	// on, the new router adopts weft-vx and its entries.
+	n2 := c.Nodes[2]
+	f := startFlow(t, pods[0], pods[2])
+	f.waitReplies(t, ctx, "the ping to answer", 20)
+	before := vxlanIndex(t, n2)
+	if err := n2.Router().Kill(); err != nil {
+		t.Fatal(err)
+	}
+	f.waitReplies(t, ctx, "the ping to go on while n2 has no router", 20)
+	restartVXLANRouter(t, ctx, c, n2)
+	f.waitReplies(t, ctx, "the ping to go on after n2's router is back", 20)
+	sent, got := f.stop(t)
+	t.Logf("kill -9 of n2's router (auto): %d sent, %d received", sent, got)
+	if lost := sent - got; lost > 5 {
+		t.Errorf("kill -9 of an auto router lost %d of %d packets, want at most a few\n%s", lost, sent, routerLogs(c))
+	}
+	if idx := vxlanIndex(t, n2); idx != before {
+		t.Errorf("n2's restarted router made %s again (index %d, was %d) instead of adopting it", vxlanDev, idx, before)
+	}
+	overVXLAN(t, ctx, c, pods[2], pods[0])
+
+	if err := n2.RemovePod(ctx, pods[2]); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := n2.Weft(ctx, "reset"); err != nil {
+		t.Fatalf("weft reset: %s (%v)", out, err)
+	}
+	if err := n2.Router().Proc().Wait(); err != nil {
+		t.Errorf("the router exited with %v after reset", err)
+	}
+	if hasVXLANDevice(n2) {
+		t.Errorf("%s is still there after weft reset:\n%s", vxlanDev, vxlanEntries(ctx, n2))
+	}
+}
+
+// TestAutoMixed: n2 runs --encap udp, n0 and n1 the default auto. The
+// pairs with n2 use udp (both ways: n2 advertises no vxlan, and has no
+// weft-vx), n0 and n1 vxlan; every pod reaches every other, and the
+// status says why.
+func TestAutoMixed(t *testing.T) {
+	c, ctx := startSecCluster(t, 3, 3, func(n *Node) []string {
+		if n.Name == "n2" {
+			return []string{"--encap", "udp"}
+		}
+		return nil
+	})
+	n0, n1, n2 := c.Nodes[0], c.Nodes[1], c.Nodes[2]
+	if n2.Name != "n2" {
+		t.Fatalf("the third node is %s, want n2", n2.Name)
+	}
+	want := map[[2]*Node]string{{n0, n1}: "vxlan", {n1, n0}: "vxlan", {n0, n2}: "udp", {n2, n0}: "udp", {n1, n2}: "udp", {n2, n1}: "udp"}
+	waitUntil(t, ctx, "n0 and n1 to use vxlan, and udp with n2", func() (bool, string) {
+		var seen []string
+		ok := true
+		for _, n := range c.Nodes {
+			m, err := dataModes(ctx, n)
+			seen = append(seen, fmt.Sprintf("%s:%v %v", n.Name, m, err))
+			for _, o := range c.Nodes {
+				if o != n && m[o.PeerName] != want[[2]*Node{n, o}] {
+					ok = false
+				}
+			}
+		}
+		return ok, strings.Join(seen, " ")
+	})
+	var pods []*Pod
+	for _, n := range c.Nodes {
+		p, err := n.AddPod(ctx, "p")
+		if err != nil {
+			t.Fatal(err)
+		}
+		pods = append(pods, p)
+	}
+	pingAll(t, ctx, c, pods)
+	overVXLAN(t, ctx, c, pods[0], pods[1])
+	overVXLAN(t, ctx, c, pods[1], pods[0])
+	for _, pair := range [][2]*Pod{{pods[0], pods[2]}, {pods[2], pods[1]}} {
+		if dev := routeDev(ctx, pair[0].Node, pair[1].IP); dev != "weft-tun" {
+			t.Errorf("%s routes %s through %q, want weft-tun (udp)", pair[0].Node.Name, pair[1].IP, dev)
+		}
+		tctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		err := transfer(tctx, pair[0], pair[1], 4<<20)
+		cancel()
+		if err != nil {
+			t.Fatalf("4 MB from %s to %s: %v\n%s", pair[0], pair[1], err, routerLogs(c))
+		}
+	}
+	if hasVXLANDevice(n2) {
+		t.Errorf("n2 (--encap udp) has %s", vxlanDev)
+	}
+	wantStatus(t, ctx, n0, n1, "vxlan (kernel)", "no password")
+	wantStatus(t, ctx, n0, n2, "udp", "the peer has no vxlan")
+	wantStatus(t, ctx, n2, n0, "udp", "--encap udp")
+	if out, err := n0.Weft(ctx, "status", "connections"); err == nil {
+		t.Logf("n0: weft status connections:\n%s", out)
+	}
+}
+
+// TestAutoPassword: with a password and no --trusted-subnets, auto uses
+// only the sealed udp path: no node has weft-vx, a capture of the
+// underlay during a marker run (UDP and TCP, every marker received) holds
+// no datagram to the VXLAN port and no marker, and the status says
+// "encrypted: outside trusted subnets".
+func TestAutoPassword(t *testing.T) {
+	pw := writePassword(t, "pw", "a shared secret for the auto password test")
+	r := runMarker(t, "--password-file", pw)
+	for _, d := range r.dgs {
+		if d.Dst.Port() == tunnel.DefaultVXLANPort || d.Src.Port() == tunnel.DefaultVXLANPort {
+			t.Fatalf("the capture holds a VXLAN datagram %v -> %v with a password and no trusted subnets", d.Src, d.Dst)
+		}
+	}
+	if n := r.markerFrames(); n != 0 {
+		t.Errorf("%d captured datagrams hold the marker with a password", n)
+	}
+	n0, n1 := r.c.Nodes[0], r.c.Nodes[1]
+	for _, n := range []*Node{n0, n1} {
+		if hasVXLANDevice(n) {
+			t.Errorf("%s has %s with a password and no trusted subnets", n.Name, vxlanDev)
+		}
+		m, err := dataModes(r.ctx, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for peer, mode := range m {
+			if peer != n.PeerName && mode != "udp" {
+				t.Errorf("%s sends to %s with %q, want udp", n.Name, peer, mode)
+			}
+		}
+	}
+	wantStatus(t, r.ctx, n0, n1, "udp", "encrypted", "encrypted: outside trusted subnets")
+}
+
+// TestAutoTrustedSubnets: with a password and --trusted-subnets covering
+// the underlay, auto uses vxlan (plaintext on purpose) between the nodes,
+// and the status says "trusted subnet".
+func TestAutoTrustedSubnets(t *testing.T) {
+	pw := writePassword(t, "pw", "a shared secret for the auto trusted test")
+	c, ctx := startSecCluster(t, 2, 2, func(n *Node) []string {
+		return []string{"--password-file", pw, "--trusted-subnets", netip.PrefixFrom(n.UnderlayIP, 24).Masked().String()}
+	})
+	waitModes(t, ctx, c, "vxlan")
+	n0, n1 := c.Nodes[0], c.Nodes[1]
+	a, err := n0.AddPod(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := n1.AddPod(ctx, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pingAll(t, ctx, c, []*Pod{a, b})
+	overVXLAN(t, ctx, c, a, b)
+	overVXLAN(t, ctx, c, b, a)
+	wantStatus(t, ctx, n0, n1, "vxlan (kernel)", "trusted", "trusted subnet")
+}
