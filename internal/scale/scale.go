@@ -124,7 +124,8 @@ type Node struct {
 	// refused (too large for a broadcast, no such peer).
 	byKind                      [32]atomic.Uint64 // ipam messages received, by their kind byte
 	maxSent, sendErrs, tooLarge atomic.Uint64
-	lastErr                     atomic.Value // string
+	ringUnicasts                atomic.Uint64 // ring messages unicast (SendTo did not fail)
+	lastErr                     atomic.Value  // string
 
 	c   *Cluster
 	reg *prometheus.Registry // the mesh's metrics
@@ -253,6 +254,17 @@ func (c *Cluster) Close() {
 	for _, n := range c.Nodes() {
 		os.RemoveAll(filepath.Join(c.cfg.Dir, string(n.Name)))
 	}
+}
+
+// RingUnicasts counts the ring messages the nodes' allocators unicast (a
+// send that failed at once not counted; one parked for a peer the mesh did
+// not see yet counted).
+func (c *Cluster) RingUnicasts() uint64 {
+	var r uint64
+	for _, n := range c.Nodes() {
+		r += n.ringUnicasts.Load()
+	}
+	return r
 }
 
 // BytesSent is every byte the nodes sent so far, packets and streams.
@@ -410,6 +422,9 @@ func (t transport) Broadcast(data []byte) error {
 
 func (t transport) SendTo(p ipalloc.PeerName, data []byte) error {
 	err := t.n.sent(len(data), t.inner.SendTo(p, data))
+	if err == nil && len(data) >= 2 && data[1] == 1 {
+		t.n.ringUnicasts.Add(1)
+	}
 	if t.n.c.watched(mesh.PeerName(p)) && len(data) >= 2 {
 		k := data[1] & 31
 		t.n.toWatch[k].Add(1)

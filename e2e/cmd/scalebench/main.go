@@ -126,6 +126,7 @@ func bench(n int, initMode string, cfg scale.Config, idle, bound time.Duration) 
 		return "", err
 	}
 	ring := time.Since(began)
+	fmt.Fprintf(os.Stderr, "scalebench: N=%d: ring unicasts until one ring: %d (N(N-1)/2 = %d)\n", n, c.RingUnicasts(), n*(n-1)/2)
 	if _, err := phase("mesh", func() bool { return scale.SeeAll(nodes, n) }); err != nil {
 		return "", err
 	}
@@ -190,6 +191,7 @@ func bench(n int, initMode string, cfg scale.Config, idle, bound time.Duration) 
 	} else {
 		fmt.Fprintf(os.Stderr, "scalebench: N=%d: the late node's allocation: %v\n", n, err)
 	}
+	fmt.Fprintf(os.Stderr, "scalebench: N=%d: ring unicasts so far: %d\n", n, c.RingUnicasts())
 	busyBps := float64(c.BytesSent()-b0) / time.Since(t0).Seconds() / float64(n+1)
 
 	var maxSent, maxState, maxPkt, maxStream, tooLarge uint64
