@@ -142,8 +142,9 @@ func (t *Transport) park(p mesh.PeerName, data []byte) bool {
 	return true
 }
 
-// Flush sends what is parked for p, in order (a send that fails is not
-// parked again: the core retries what it must, gossip heals the rest).
+// Flush sends what is parked for p, in order. A send that fails is not
+// parked again (a ring is sent again, see failed; the core retries what
+// else it must, and gossip heals the rest).
 func (t *Transport) Flush(p mesh.PeerName) {
 	t.mu.Lock()
 	pk := t.parked[p]
