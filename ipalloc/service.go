@@ -955,5 +955,14 @@ func (s *Service) Status() (st PeerStatus) {
 	return st
 }
 
+// RejoinWaits lists the peers whose claimed ring this peer still waits for
+// before it allocates, having started without state (see peer_rejoin.go);
+// nil when it does not hold back. The glue to the mesh pulls their state
+// (ipammesh.RunPull) instead of waiting for a random push-pull to bring it.
+func (s *Service) RejoinWaits() (w []PeerName) {
+	s.read(func() { w = s.p.rejoinWaits() })
+	return w
+}
+
 // ErrIsExhausted reports whether err means no address can be had now.
 func ErrIsExhausted(err error) bool { return errors.Is(err, ErrNoSpace) || errors.Is(err, ErrNoRange) }

@@ -47,6 +47,8 @@
 // LocalState/MergeRemoteState exchange every channel's complete state,
 // framed in one blob, on each push-pull and on join; that is the
 // anti-entropy that repairs lost broadcasts and merges healed partitions.
+// Mesh.PushPull makes that exchange now with one chosen peer, for a
+// component that knows whose state it lacks.
 // Every frame from a peer is validated; a bad one is dropped and counted
 // by reason (weft_mesh_dropped_messages_total), logged at debug and at
 // most once a minute per reason at info, never a panic.

@@ -313,3 +313,31 @@ func (m *Mesh) noteTarget(t *target, errText string) {
 		m.log.Warn(fmt.Sprintf("peer target %s (from %s): %s; will retry", t.spec, t.source, errText), "target", t.spec)
 	}
 }
+
+// PushPull exchanges the full state (memberlist's and every channel's)
+// with one live peer now, as a join does, instead of waiting for the
+// periodic push-pull with a random one: for a component that knows whose
+// state it lacks (the allocator's rejoin hold). It blocks for at most the
+// TCP timeout.
+func (m *Mesh) PushPull(name PeerName) error {
+	if m.closed.Load() {
+		return ErrClosed
+	}
+	ml := m.ml.Load()
+	if ml == nil {
+		return ErrNotStarted
+	}
+	p, ok := m.Peer(name)
+	switch {
+	case !ok:
+		return fmt.Errorf("push-pull with %s: %w", name, ErrUnknownPeer)
+	case p.Self:
+		return fmt.Errorf("push-pull with %s: this peer", name)
+	case p.State == StateUnreachable || p.State == StateLeft:
+		return fmt.Errorf("push-pull with %s: %w (%s)", name, ErrPeerUnreachable, p.State)
+	}
+	if _, err := ml.Join([]string{p.Addr.String()}); err != nil {
+		return fmt.Errorf("push-pull with %s at %s: %w", name, p.Addr, err)
+	}
+	return nil
+}

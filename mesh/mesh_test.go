@@ -713,3 +713,24 @@ func TestForgetAndSetTargets(t *testing.T) {
 		t.Error("SetTargets accepted an invalid address")
 	}
 }
+
+// TestPushPullWithOnePeer: with the periodic push-pull hours apart and no
+// broadcast, a channel's state reaches a peer only through PushPull, both
+// ways; an unknown peer is refused.
+func TestPushPullWithOnePeer(t *testing.T) {
+	c := newCluster(t)
+	tm := testTimings()
+	tm.PushPullInterval = 10 * time.Hour
+	a := c.start(1, Config{Timings: tm})
+	b := c.start(2, Config{Timings: tm, Peers: []string{addrOf(1)}})
+	waitStates(t, 10*time.Second, []*peer{a, b}, aliveAll([]*peer{a, b}))
+	a.set.add("from-a") // in the state only: never broadcast
+	b.set.add("from-b")
+	if err := b.m.PushPull("node1"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "both states exchanged", func() bool { return a.set.has("from-b") && b.set.has("from-a") })
+	if err := b.m.PushPull("nobody"); !errors.Is(err, ErrUnknownPeer) {
+		t.Errorf("PushPull with an unknown peer: %v, want ErrUnknownPeer", err)
+	}
+}

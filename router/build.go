@@ -211,8 +211,9 @@ func (n *Node) components() []component {
 			},
 			within: meshStopWithin,
 		},
-		{name: "allocator", run: func(ctx context.Context) error { r.ipam.Run(ctx, ipammesh.Transport{Ch: r.ipamCh}); return nil }},
-		{name: "mesh members", run: func(ctx context.Context) error { ipammesh.RunMembers(ctx, r.mesh, r.ipam); return nil }},
+		{name: "allocator", run: func(ctx context.Context) error { r.ipam.Run(ctx, r.ipamTr); return nil }},
+		{name: "mesh members", run: func(ctx context.Context) error { ipammesh.RunMembers(ctx, r.mesh, r.ipam, r.ipamTr); return nil }},
+		{name: "ring pull", run: func(ctx context.Context) error { ipammesh.RunPull(ctx, r.mesh, r.ipam, nil); return nil }},
 		{name: "data plane sync", run: func(ctx context.Context) error { r.routineDataplane(ctx); return nil }},
 	}
 	if r.kube != nil {

@@ -69,6 +69,7 @@ func (r *Router) newMesh() error {
 		m.Close()
 		return err
 	}
+	r.ipamTr = ipammesh.NewTransport(m, r.ipamCh)
 	r.mesh = m
 	r.knownPeers = remembered
 	return nil

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/weft-net/weft/internal/ipammesh"
 	"github.com/weft-net/weft/ipalloc"
 	"github.com/weft-net/weft/kube"
 	"github.com/weft-net/weft/mesh"
@@ -45,6 +46,7 @@ type Router struct {
 
 	mesh       *mesh.Mesh                // set by Build
 	ipamCh     *mesh.Channel             // the allocator's gossip channel
+	ipamTr     *ipammesh.Transport       // the allocator's transport on it
 	knownPeers []string                  // as last saved
 	meshSince  atomic.Pointer[time.Time] // when the mesh started; nil before
 	resetCh    chan struct{}             // weft reset succeeded: tear down and exit

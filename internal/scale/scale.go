@@ -25,9 +25,12 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/weft-net/weft/internal/ipammesh"
 	"github.com/weft-net/weft/ipalloc"
@@ -62,6 +65,26 @@ type Cluster struct {
 
 	mu    sync.Mutex
 	nodes []*Node
+
+	watch atomic.Pointer[mesh.PeerName] // the node whose traffic is traced (Watch)
+}
+
+// Watch traces what every node sends to the node named name and what
+// that node receives (see Trace); call it before that node is added.
+func (c *Cluster) Watch(name mesh.PeerName) { c.watch.Store(&name) }
+
+// NextName is the name the next Add gives its node.
+func (c *Cluster) NextName() mesh.PeerName {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return nodeName(len(c.nodes))
+}
+
+func nodeName(i int) mesh.PeerName { return mesh.PeerName(fmt.Sprintf("node%04d", i)) }
+
+func (c *Cluster) watched(p mesh.PeerName) bool {
+	w := c.watch.Load()
+	return w != nil && *w == p
 }
 
 // New returns an empty cluster.
@@ -88,6 +111,8 @@ type Node struct {
 	db     *state.DB
 	gossip *ipalloc.Gossip
 	ch     *mesh.Channel
+	tr     *ipammesh.Transport
+	pulls  ipammesh.Pulls
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
@@ -99,7 +124,18 @@ type Node struct {
 	// refused (too large for a broadcast, no such peer).
 	byKind                      [32]atomic.Uint64 // ipam messages received, by their kind byte
 	maxSent, sendErrs, tooLarge atomic.Uint64
-	lastErr                     atomic.Value // string
+	ringUnicasts                atomic.Uint64 // ring messages unicast (SendTo did not fail)
+	lastErr                     atomic.Value  // string
+
+	c   *Cluster
+	reg *prometheus.Registry // the mesh's metrics
+	// Traced traffic to the watched node (Cluster.Watch): what this node
+	// sent it by kind, and why sends failed; on the watched node, whom it
+	// got a ring-carrying message from.
+	toWatch, toWatchFailed [32]atomic.Uint64
+	traceMu                sync.Mutex
+	failures               map[string]int
+	ringFrom               map[mesh.PeerName]string // sender -> how (unicast, broadcast, state)
 }
 
 // TooLarge counts the ipam broadcasts the mesh refused as larger than
@@ -140,9 +176,9 @@ func (c *Cluster) Add(ctx context.Context, init ipalloc.Init, peers []string) (_
 	c.mu.Lock()
 	i := len(c.nodes)
 	c.mu.Unlock()
-	name := mesh.PeerName(fmt.Sprintf("node%04d", i))
+	name := nodeName(i)
 	log := c.cfg.Log.With("peer", name)
-	n := &Node{Name: name}
+	n := &Node{Name: name, c: c, reg: prometheus.NewRegistry(), failures: map[string]int{}, ringFrom: map[mesh.PeerName]string{}}
 	defer func() {
 		if err != nil {
 			n.close()
@@ -169,7 +205,7 @@ func (c *Cluster) Add(ctx context.Context, init ipalloc.Init, peers []string) (_
 	n.Lossy.SetDelay(c.cfg.Delay)
 	if n.Mesh, err = mesh.New(mesh.Config{
 		Name: name, Nickname: string(name), Version: "scale", Peers: peers,
-		Logger: log, Transport: n.Lossy, Timings: c.cfg.Timings,
+		Logger: log, Transport: n.Lossy, Timings: c.cfg.Timings, Registerer: n.reg,
 	}); err != nil {
 		n.Lossy.Shutdown()
 		return nil, err
@@ -183,9 +219,11 @@ func (c *Cluster) Add(ctx context.Context, init ipalloc.Init, peers []string) (_
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
-	n.wg.Add(2)
-	go func() { defer n.wg.Done(); n.Svc.Run(runCtx, transport{n, ipammesh.Transport{Ch: n.ch}}) }()
-	go func() { defer n.wg.Done(); ipammesh.RunMembers(runCtx, n.Mesh, n.Svc) }()
+	n.wg.Add(3)
+	n.tr = ipammesh.NewTransport(n.Mesh, n.ch)
+	go func() { defer n.wg.Done(); n.Svc.Run(runCtx, transport{n, n.tr}) }()
+	go func() { defer n.wg.Done(); ipammesh.RunMembers(runCtx, n.Mesh, n.Svc, n.tr) }()
+	go func() { defer n.wg.Done(); ipammesh.RunPull(runCtx, n.Mesh, n.Svc, &n.pulls) }()
 	c.mu.Lock()
 	c.nodes = append(c.nodes, n)
 	c.mu.Unlock()
@@ -218,6 +256,17 @@ func (c *Cluster) Close() {
 	}
 }
 
+// RingUnicasts counts the ring messages the nodes' allocators unicast (a
+// send that failed at once not counted; one parked for a peer the mesh did
+// not see yet counted).
+func (c *Cluster) RingUnicasts() uint64 {
+	var r uint64
+	for _, n := range c.Nodes() {
+		r += n.ringUnicasts.Load()
+	}
+	return r
+}
+
 // BytesSent is every byte the nodes sent so far, packets and streams.
 func (c *Cluster) BytesSent() uint64 {
 	var b uint64
@@ -236,11 +285,13 @@ type gossiper struct {
 
 func (g gossiper) OnBroadcast(from mesh.PeerName, data []byte) ([]byte, error) {
 	g.n.note(data)
+	g.n.traceIn(from, "broadcast", data)
 	return g.inner.OnBroadcast(from, data)
 }
 
 func (g gossiper) OnUnicast(from mesh.PeerName, data []byte) error {
 	g.n.note(data)
+	g.n.traceIn(from, "unicast", data)
 	return g.inner.OnUnicast(from, data)
 }
 
@@ -250,7 +301,91 @@ func (g gossiper) LocalState() []byte {
 	return s
 }
 
-func (g gossiper) MergeRemoteState(data []byte) error { return g.inner.MergeRemoteState(data) }
+func (g gossiper) MergeRemoteState(data []byte) error {
+	if from, msg, err := ipalloc.DecodeStateFrame(data); err == nil {
+		g.n.traceIn(mesh.PeerName(from), "state", msg)
+	}
+	return g.inner.MergeRemoteState(data)
+}
+
+// traceIn notes, on the watched node, a message that carries a claimed
+// ring (a ring, a donation, ...), by its sender.
+func (n *Node) traceIn(from mesh.PeerName, how string, data []byte) {
+	if !n.c.watched(n.Name) {
+		return
+	}
+	m, err := ipalloc.DecodeMsg(data)
+	if err != nil {
+		return
+	}
+	if rm, ok := m.(*ipalloc.RingMsg); !ok || rm.Ring == nil || rm.Ring.Empty() {
+		return
+	}
+	n.traceMu.Lock()
+	defer n.traceMu.Unlock()
+	if _, ok := n.ringFrom[from]; !ok {
+		n.ringFrom[from] = how
+	}
+}
+
+// Trace is what the cluster sent the watched node (Cluster.Watch) and
+// what that node made of it.
+type Trace struct {
+	Sent, Failed [32]uint64     // ipam messages sent to it by all nodes, by kind byte
+	Failures     map[string]int // why sends to it failed (error text, addresses cut)
+	RingsFrom    map[string]int // the watched node: claimed rings first received, by how
+	Refused      map[string]float64
+	Dropped      uint64 // its allocator's inbox drops
+	Rejoin       string // its hold (Status.Rejoin)
+	// All nodes' sends parked for a peer the mesh did not know yet
+	// (ipammesh.Transport), sent once it did, and dropped.
+	Parked, Unparked, ParkDropped uint64
+	// All nodes' rings sent again after a failed unicast, and given up.
+	Resent, ResendFailed uint64
+	// The watched node's pulls (ipammesh.RunPull), and those that failed.
+	Pulls, PullsFailed uint64
+}
+
+// Trace sums the traced traffic to w, a node of c.
+func (c *Cluster) Trace(w *Node) Trace {
+	t := Trace{Failures: map[string]int{}, RingsFrom: map[string]int{}, Refused: map[string]float64{}}
+	for _, n := range c.Nodes() {
+		for i := range n.toWatch {
+			t.Sent[i] += n.toWatch[i].Load()
+			t.Failed[i] += n.toWatchFailed[i].Load()
+		}
+		p, u, d := n.tr.Parked()
+		t.Parked, t.Unparked, t.ParkDropped = t.Parked+p, t.Unparked+u, t.ParkDropped+d
+		rs, rf := n.tr.Resent()
+		t.Resent, t.ResendFailed = t.Resent+rs, t.ResendFailed+rf
+		n.traceMu.Lock()
+		for k, v := range n.failures {
+			t.Failures[k] += v
+		}
+		n.traceMu.Unlock()
+	}
+	w.traceMu.Lock()
+	for _, how := range w.ringFrom {
+		t.RingsFrom[how]++
+	}
+	w.traceMu.Unlock()
+	if mfs, err := w.reg.Gather(); err == nil {
+		for _, mf := range mfs {
+			if mf.GetName() != "weft_mesh_preauth_refused_total" && mf.GetName() != "weft_mesh_dropped_messages_total" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				if v := m.GetCounter().GetValue(); v > 0 {
+					t.Refused[mf.GetName()[10:]+"/"+m.GetLabel()[0].GetValue()] += v
+				}
+			}
+		}
+	}
+	t.Pulls, t.PullsFailed = w.pulls.Made.Load(), w.pulls.Failed.Load()
+	t.Dropped = w.Svc.Dropped()
+	t.Rejoin = w.Svc.Status().Rejoin
+	return t
+}
 
 // KindNames are the ipam message kinds by their kind byte (ipalloc/codec.go).
 var KindNames = []string{1: "ring", "prepare", "promise", "accept", "accepted", "nack", "donate-request", "donation",
@@ -278,7 +413,7 @@ func (n *Node) note(data []byte) {
 // sends and what the channel refuses.
 type transport struct {
 	n     *Node
-	inner ipammesh.Transport
+	inner *ipammesh.Transport
 }
 
 func (t transport) Broadcast(data []byte) error {
@@ -286,7 +421,30 @@ func (t transport) Broadcast(data []byte) error {
 }
 
 func (t transport) SendTo(p ipalloc.PeerName, data []byte) error {
-	return t.n.sent(len(data), t.inner.SendTo(p, data))
+	err := t.n.sent(len(data), t.inner.SendTo(p, data))
+	if err == nil && len(data) >= 2 && data[1] == 1 {
+		t.n.ringUnicasts.Add(1)
+	}
+	if t.n.c.watched(mesh.PeerName(p)) && len(data) >= 2 {
+		k := data[1] & 31
+		t.n.toWatch[k].Add(1)
+		if err != nil {
+			t.n.toWatchFailed[k].Add(1)
+			t.n.traceMu.Lock()
+			t.n.failures[errClass(err)]++
+			t.n.traceMu.Unlock()
+		}
+	}
+	return err
+}
+
+// errClass is err's text without the addresses and names that vary.
+func errClass(err error) string {
+	s := err.Error()
+	if i := strings.LastIndex(s, ": "); i >= 0 && strings.Contains(s, "on channel") {
+		return s[i+2:]
+	}
+	return s
 }
 
 func (n *Node) sent(size int, err error) error {

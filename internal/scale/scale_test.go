@@ -123,3 +123,105 @@ func TestClusterConverges(t *testing.T) {
 		}
 	}
 }
+
+// TestLateNodeGetsRingsWithoutPushPull: with the periodic push-pull made
+// hours long, the rings a node that starts without state waits for (its
+// rejoin hold: a claimed ring from every other owner and live peer) can
+// come only from what the glue does (internal/ipammesh): the ring each
+// node unicasts to a peer it learns of, parked when the mesh does not see
+// that peer yet, sent again when it fails, and the pull of the last ones
+// missing. A cluster of 20 claims from a seed list, every node allocates
+// (the donations split the ring past the mesh's broadcast limit, so ring
+// broadcasts are refused and carry nothing), then a late node joins and
+// must get an address, and must have got the ring of every node as a ring
+// message. Before the glue parked and pulled, the unicasts to peers the
+// mesh did not see yet were lost ("unknown peer": 19 of 20 here) and only
+// donations and the broadcasts that fit brought rings, after 70 s.
+func TestLateNodeGetsRingsWithoutPushPull(t *testing.T) {
+	const n = 20
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	tm := mesh.Timings{PushPullInterval: 10 * time.Hour}
+	c, err := New(Config{Dir: t.TempDir(), Delay: time.Millisecond, Seed: 17, Timings: tm})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	init := ipalloc.Init{Seeds: []ipalloc.PeerName{"node0000", "node0001", "node0002"}}
+	for i := range n {
+		var peers []string
+		if i > 0 {
+			peers = []string{Addr(0)}
+		}
+		if _, err := c.Add(ctx, init, peers); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nodes := c.Nodes()
+	allocate := func(nodes []*Node, tag string) {
+		t.Helper()
+		errs := make([]error, len(nodes))
+		var wg sync.WaitGroup
+		for i, nd := range nodes {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				k := ipalloc.Key{ContainerID: fmt.Sprintf("%s-%d", tag, i), IfName: "eth0"}
+				// Retried as the kubelet retries: the core gives up one
+				// allocation after its own deadline.
+				for {
+					_, _, errs[i] = nd.Svc.Allocate(ctx, k, ipalloc.Meta{PodName: "p"})
+					if errs[i] == nil || ctx.Err() != nil {
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				tr := c.Trace(nodes[i])
+				t.Errorf("%s got no address: %v (its hold: %q)", nodes[i].Name, err, tr.Rejoin)
+			}
+		}
+	}
+	allocate(nodes, "pod")
+	if t.Failed() {
+		t.FailNow()
+	}
+	var large uint64
+	for _, nd := range nodes {
+		large += nd.TooLarge()
+	}
+	if large == 0 {
+		t.Logf("no ring broadcast was over the mesh's limit: broadcasts may have carried rings too")
+	}
+
+	c.Watch(c.NextName())
+	late, err := c.Add(ctx, init, []string{Addr(n / 2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	allocate([]*Node{late}, "late")
+	tr := c.Trace(late)
+	t.Logf("late node: %d ring unicasts to it (%d failed: %v), parked %d (sent %d), resent %d, pulled %d; first rings by %v; inbox drops %d; ring broadcasts too large %d",
+		tr.Sent[1], tr.Failed[1], tr.Failures, tr.Parked, tr.Unparked, tr.Resent, tr.Pulls, tr.RingsFrom, tr.Dropped, large)
+	if t.Failed() {
+		return
+	}
+	if tr.Sent[1] == 0 {
+		t.Errorf("no ring was unicast to the late node: the test does not exercise the join")
+	}
+	// Every node's ring reached it as a ring message: unicast when the
+	// node learnt of it, in a state exchange (the join's, a pull), or a
+	// broadcast that fit; not only carried by a donation.
+	if got := tr.RingsFrom["unicast"] + tr.RingsFrom["state"] + tr.RingsFrom["broadcast"]; got != n {
+		t.Errorf("the late node got the ring message of %d of the %d nodes (%v); %d of the ring unicasts to it failed: %v", got, n, tr.RingsFrom, tr.Failed[1], tr.Failures)
+	}
+	if tr.ParkDropped != 0 {
+		t.Errorf("%d messages parked for a peer the mesh did not see yet were dropped", tr.ParkDropped)
+	}
+	if _, dropped := Refused(append(nodes, late)); dropped != 0 {
+		t.Errorf("%d messages dropped on a full inbox", dropped)
+	}
+}

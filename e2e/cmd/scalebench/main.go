@@ -126,6 +126,7 @@ func bench(n int, initMode string, cfg scale.Config, idle, bound time.Duration) 
 		return "", err
 	}
 	ring := time.Since(began)
+	fmt.Fprintf(os.Stderr, "scalebench: N=%d: ring unicasts until one ring: %d (N(N-1)/2 = %d)\n", n, c.RingUnicasts(), n*(n-1)/2)
 	if _, err := phase("mesh", func() bool { return scale.SeeAll(nodes, n) }); err != nil {
 		return "", err
 	}
@@ -143,10 +144,27 @@ func bench(n int, initMode string, cfg scale.Config, idle, bound time.Duration) 
 
 	// A late node, its first address, its donation everywhere.
 	b0, t0 = c.BytesSent(), time.Now()
+	c.Watch(c.NextName())
 	late, err := c.Add(ctx, init, []string{scale.Addr(n / 2)})
 	if err != nil {
 		return "", err
 	}
+	traceDone := make(chan struct{})
+	traced := make(chan struct{})
+	go func() {
+		defer close(traced)
+		tk := time.NewTicker(5 * time.Second)
+		defer tk.Stop()
+		for {
+			select {
+			case <-traceDone:
+				fmt.Fprintf(os.Stderr, "scalebench: N=%d: late node at %s: %s\n", n, time.Since(t0).Round(time.Millisecond), traceLine(c.Trace(late)))
+				return
+			case <-tk.C:
+				fmt.Fprintf(os.Stderr, "scalebench: N=%d: late node at %s: %s\n", n, time.Since(t0).Round(time.Second), traceLine(c.Trace(late)))
+			}
+		}
+	}()
 	// Retried as kubelet retries a failed CNI ADD: the core gives up on
 	// one allocation after its own deadline (300 ticks).
 	actx, cancel := context.WithTimeout(ctx, bound)
@@ -157,6 +175,8 @@ func bench(n int, initMode string, cfg scale.Config, idle, bound time.Duration) 
 		}
 	}
 	cancel()
+	close(traceDone)
+	<-traced
 	addr, reach := "no address in "+bound.String(), "-"
 	if err == nil {
 		addr = ms3(time.Since(t0))
@@ -171,6 +191,7 @@ func bench(n int, initMode string, cfg scale.Config, idle, bound time.Duration) 
 	} else {
 		fmt.Fprintf(os.Stderr, "scalebench: N=%d: the late node's allocation: %v\n", n, err)
 	}
+	fmt.Fprintf(os.Stderr, "scalebench: N=%d: ring unicasts so far: %d\n", n, c.RingUnicasts())
 	busyBps := float64(c.BytesSent()-b0) / time.Since(t0).Seconds() / float64(n+1)
 
 	var maxSent, maxState, maxPkt, maxStream, tooLarge uint64
@@ -228,6 +249,24 @@ func diagnose(nodes []*scale.Node) string {
 	refused, dropped := scale.Refused(nodes)
 	return fmt.Sprintf("received %s; %d of %d claimed, known %d..%d, fewest alive seen %d, broadcasts too large %d, other send errors %d (last %q), refused %d, inbox drops %d, conflict %q",
 		strings.Join(recv, ", "), claimed, len(nodes), minKnown, maxKnown, minAlive, tooLarge, sendErrs, last, refused, dropped, conflict)
+}
+
+// traceLine is what the late node was sent and made of it.
+func traceLine(t scale.Trace) string {
+	var sent []string
+	for i, v := range t.Sent {
+		if v > 0 && i < len(scale.KindNames) {
+			sent = append(sent, fmt.Sprintf("%s %d (failed %d)", scale.KindNames[i], v, t.Failed[i]))
+		}
+	}
+	w := t.Rejoin
+	if i := strings.Index(w, "("); i >= 0 {
+		if j := strings.Index(w[i:], ")"); j >= 0 {
+			w = fmt.Sprintf("waits for %d: %s", strings.Count(w[i:i+j], ",")+1, w[i+1:min(i+j, i+80)])
+		}
+	}
+	return fmt.Sprintf("sent to it: %s; failures %v; parked (all nodes) %d, sent %d, dropped %d; rings resent %d, given up %d; its pulls %d (failed %d); claimed rings first from %v; its refusals %v; inbox drops %d; hold: %q",
+		strings.Join(sent, ", "), t.Failures, t.Parked, t.Unparked, t.ParkDropped, t.Resent, t.ResendFailed, t.Pulls, t.PullsFailed, t.RingsFrom, t.Refused, t.Dropped, w)
 }
 
 func ms3(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) + " ms" }
