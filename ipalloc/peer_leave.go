@@ -304,7 +304,11 @@ func (p *Peer) HoldFound(found map[Key]Address) {
 	if p.found == nil {
 		p.found = map[Key]Address{}
 	}
+	if p.nodeFound == nil {
+		p.nodeFound = map[Key]Address{}
+	}
 	for k, a := range found {
+		p.nodeFound[k] = a // kept in case its saved state is found stale later (peer_stale.go)
 		if _, ok := p.a.Lookup(k); !ok {
 			p.found[k] = a
 		}
@@ -314,7 +318,7 @@ func (p *Peer) HoldFound(found map[Key]Address) {
 
 // holdFound holds the found addresses that are this peer's now.
 func (p *Peer) holdFound() {
-	if len(p.found) == 0 || p.a.ring.Empty() || p.leave != nil || p.rejoin || p.removedErr() != nil {
+	if len(p.found) == 0 || p.a.ring.Empty() || p.leave != nil || p.rejoin || p.startHold || p.removedErr() != nil {
 		return
 	}
 	for _, k := range slices.SortedFunc(maps.Keys(p.found), Key.Compare) {
@@ -345,6 +349,7 @@ func (p *Peer) holdFound() {
 			p.event(true, "ipalloc: %s is in use on this node but cannot be held: %v", addr, err)
 			continue
 		}
+		p.noteSince(k)
 		p.rd.Allocs = append(p.rd.Allocs, AllocChange{Key: k, Address: addr, Held: true})
 		p.ringChanged(false)
 		p.event(false, "ipalloc: re-claimed %s, in use on this node but unknown to its state: held as %s until released", addr, k)
