@@ -327,6 +327,16 @@ func (p *Peer) holdFound() {
 			delete(p.found, k)
 			continue
 		}
+		if holder, ok := p.a.Holder(addr); ok && !k.Internal() && !holder.Internal() && !p.since[holder] {
+			// The node shows a pod of its own using addr, and the state
+			// holds it for another pod: a record of a pod gone since
+			// (a restored backup, peer_stale.go). The pod on the node wins.
+			if _, nodeToo := p.nodeFound[holder]; !nodeToo {
+				p.a.Release(holder)
+				p.rd.Allocs = append(p.rd.Allocs, AllocChange{Key: holder, Address: addr})
+				p.event(false, "ipalloc: %s is in use on this node by %s, and the state held it for %s, which the node does not show: held for %s", addr, k, holder, k)
+			}
+		}
 		if holder, ok := p.a.Holder(addr); ok {
 			delete(p.found, k)
 			p.event(false, "ipalloc: %s is in use on this node, and held already by %s", addr, holder)

@@ -1285,13 +1285,17 @@ func (s *sim) quiescent() bool {
 
 func (s *sim) describeState() string {
 	var b strings.Builder
+	for k := range s.waiting {
+		fmt.Fprintf(&b, "\n  %s waits on %s", k, s.holder[k])
+	}
+	fmt.Fprintf(&b, "\n  %d messages in flight", len(s.net))
 	for _, sp := range s.peers {
 		if sp.p == nil {
 			fmt.Fprintf(&b, "\n  %s: down (dead %v, removed %v)", sp.name, sp.dead, sp.removed)
 			continue
 		}
 		st := sp.p.Status()
-		fmt.Fprintf(&b, "\n  %s: %s, owned %d free %d, reclaims %v, removed %v, ring %v", sp.name, st, st.Owned, st.Free, st.Reclaims, sp.p.Removed(), sp.p.Ring().Entries)
+		fmt.Fprintf(&b, "\n  %s: %s, owned %d free %d, reclaims %v, removed %v, found %v, ring %v", sp.name, st, st.Owned, st.Free, st.Reclaims, sp.p.Removed(), sp.found, sp.p.Ring().Entries)
 	}
 	return b.String()
 }
