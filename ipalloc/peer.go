@@ -99,6 +99,9 @@ type Peer struct {
 	stale     string          // why its saved state was found older than what a peer knows (peer_stale.go); empty: it was not
 	nodeFound map[Key]Address // what HoldFound showed in use on the node, less what was released since
 	since     map[Key]bool    // keys allocated (or held as found) since this peer started
+	// foundSaved: found entries that are allocations of a saved state
+	// found stale, not pods the node showed.
+	foundSaved map[Key]bool
 }
 
 // reportAgainAfter is how long (in ticks: 10 minutes with DefaultTiming's
@@ -903,6 +906,7 @@ func (p *Peer) Release(k Key) {
 	delete(p.found, k) // a pod found on the node, gone before it was held again
 	delete(p.nodeFound, k)
 	delete(p.since, k)
+	delete(p.foundSaved, k)
 	if addr, ok := p.a.Release(k); ok {
 		p.rd.Allocs = append(p.rd.Allocs, AllocChange{Key: k, Address: addr})
 		p.ringChanged(false)

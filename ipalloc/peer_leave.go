@@ -327,7 +327,7 @@ func (p *Peer) holdFound() {
 			delete(p.found, k)
 			continue
 		}
-		if holder, ok := p.a.Holder(addr); ok && !k.Internal() && !holder.Internal() && !p.since[holder] {
+		if holder, ok := p.a.Holder(addr); ok && !k.Internal() && !p.foundSaved[k] && !holder.Internal() && !p.since[holder] {
 			// The node shows a pod of its own using addr, and the state
 			// holds it for another pod: a record of a pod gone since
 			// (a restored backup, peer_stale.go). The pod on the node wins.
@@ -349,19 +349,30 @@ func (p *Peer) holdFound() {
 				}
 				p.foundWarn[k] = true
 				owner, _ := p.a.ring.Owner(addr)
+				if p.foundSaved[k] {
+					p.event(true, "ipalloc: %s is held in the saved state (older than what the peers know) for %s, but the ring gives it to %q: not taken; "+
+						"if that pod still runs, a pod there may get the same address", addr, k, owner)
+					continue
+				}
 				p.event(true, "ipalloc: %s is in use on this node (found on the bridge) but the ring gives it to %q: not taken; "+
 					"a pod there may get the same address", addr, owner)
 			}
 			continue
 		}
 		delete(p.found, k)
+		saved := p.foundSaved[k]
+		delete(p.foundSaved, k)
 		if err := p.a.Restore(k, addr); err != nil {
 			p.event(true, "ipalloc: %s is in use on this node but cannot be held: %v", addr, err)
 			continue
 		}
-		p.noteSince(k)
 		p.rd.Allocs = append(p.rd.Allocs, AllocChange{Key: k, Address: addr, Held: true})
 		p.ringChanged(false)
+		if saved {
+			p.event(false, "ipalloc: re-claimed %s, held for %s in the saved state", addr, k)
+			continue
+		}
+		p.noteSince(k)
 		p.event(false, "ipalloc: re-claimed %s, in use on this node but unknown to its state: held as %s until released", addr, k)
 	}
 }

@@ -116,9 +116,9 @@ func (p *Peer) checkStale(r *Ring, from string) {
 		"its pods on the node still use, and it allocates once it has heard from every other owner of the ring and every live peer",
 		where, p.stale, len(p.a.byKey))
 	p.a.frozen, p.a.noFree = true, false // no free count of its own from now on
-	// What it holds is dropped; what its pods use is held again once its
-	// hold ends: what the node showed (HoldFound), and what it handed
-	// out since it started (those pods are real, whatever their address).
+	// What it holds is dropped, and held again once its hold ends, in
+	// the ranges it really owns: what the node showed (HoldFound), what
+	// it handed out since it started, and its saved allocations.
 	if p.found == nil {
 		p.found = map[Key]Address{}
 	}
@@ -126,8 +126,17 @@ func (p *Peer) checkStale(r *Ring, from string) {
 		if _, ok := p.a.Release(al.Key); ok {
 			p.rd.Allocs = append(p.rd.Allocs, AllocChange{Key: al.Key, Address: al.Address})
 		}
-		if p.since[al.Key] {
+		if _, ok := p.nodeFound[al.Key]; !ok {
+			// A pod of the saved state, which may still run (the node
+			// shows only the pods that talked to their gateway): held
+			// again too, unless the node shows another pod using it.
 			p.found[al.Key] = al.Address
+			if !p.since[al.Key] {
+				if p.foundSaved == nil {
+					p.foundSaved = map[Key]bool{}
+				}
+				p.foundSaved[al.Key] = true
+			}
 		}
 	}
 	for k, a := range p.nodeFound {
