@@ -102,6 +102,7 @@ type Peer struct {
 	// foundSaved: found entries that are allocations of a saved state
 	// found stale, not pods the node showed.
 	foundSaved map[Key]bool
+	fromState  bool // started with a ring on disk
 }
 
 // reportAgainAfter is how long (in ticks: 10 minutes with DefaultTiming's
@@ -386,7 +387,8 @@ func NewPeer(cfg PeerConfig, hs HardState) (*Peer, error) {
 	for _, n := range cfg.Peers {
 		p.AddPeer(n)
 	}
-	if hs.Ring == nil || hs.Ring.Empty() || hs.Rejoin {
+	p.fromState = hs.Ring != nil && !hs.Ring.Empty()
+	if !p.fromState || hs.Rejoin {
 		p.rejoin, p.a.frozen, p.rejoinSaved = true, true, hs.Rejoin
 	} else if hs.Left == "" {
 		// Its disk may be a restored backup: it holds back until a live

@@ -339,7 +339,11 @@ func (p *Peer) holdFound() {
 		}
 		if holder, ok := p.a.Holder(addr); ok {
 			delete(p.found, k)
-			p.event(false, "ipalloc: %s is in use on this node, and held already by %s", addr, holder)
+			if !p.fromState {
+				// (With a saved state, the router shows its pods at every
+				// start: most are held already.)
+				p.event(false, "ipalloc: %s is in use on this node, and held already by %s", addr, holder)
+			}
 			continue
 		}
 		if !p.a.space.Owns(addr) {
