@@ -241,5 +241,10 @@ func (p *Peer) startHoldStatus() string {
 	if !p.startHold {
 		return ""
 	}
-	return "started with state: waiting for the ring from a live peer before allocating (its state may be older than what the peers know)"
+	if w := p.startWaits(); len(w) > 0 {
+		return fmt.Sprintf("started with state: waiting for the ring from every live peer (%s) before allocating, in case its state is older than what they know",
+			strings.Join(names(w), ", "))
+	}
+	return "started with state: waiting for the ring from a live peer before allocating, in case its state is older than what the peers know; " +
+		"if every other peer is gone for good, run 'weft rmpeer NAME' for each on this node"
 }
