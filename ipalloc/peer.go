@@ -390,9 +390,10 @@ func NewPeer(cfg PeerConfig, hs HardState) (*Peer, error) {
 	p.fromState = hs.Ring != nil && !hs.Ring.Empty()
 	if !p.fromState || hs.Rejoin {
 		p.rejoin, p.a.frozen, p.rejoinSaved = true, true, hs.Rejoin
-	} else if hs.Left == "" {
-		// Its disk may be a restored backup: it holds back until a live
-		// peer has shown it the ring (peer_stale.go).
+	}
+	if p.fromState && !hs.Rejoin && hs.Left == "" {
+		// Its disk may be a restored backup: it holds back until the live
+		// peers have shown it the ring (peer_stale.go).
 		p.startHold, p.a.noFree = true, true
 	}
 	if hs.Ring != nil && !hs.Ring.Empty() {
