@@ -136,3 +136,104 @@ func TestStaleDiskAlone(t *testing.T) {
 		t.Errorf("b did not find its state stale")
 	}
 }
+
+// TestStaleDiskHearsEveryLivePeer: b donated to the observer after its
+// backup while a was cut off, so a never heard of it. b, restored and
+// started while the observer is cut off, hears a's ring first: that is not
+// enough to end its start hold (a knows nothing newer), it waits for the
+// observer too, whose ring shows the donation.
+func TestStaleDiskHearsEveryLivePeer(t *testing.T) {
+	c, backup, _ := staleCluster(t)
+	c.cut["a"] = true
+	c.alloc("obs", key(1))
+	c.run(5)
+	donated, ok := Range{}, false
+	for _, rg := range c.peers["obs"].Owned() {
+		if o, _ := backup.Ring.Owner(rg.Start); o == "b" {
+			donated, ok = rg, true
+		}
+	}
+	if !ok {
+		t.Fatalf("setup: the observer owns %v, none of it from b", c.peers["obs"].Owned())
+	}
+	c.cut["obs"] = true
+	delete(c.cut, "a")
+	*c.disk["b"] = backup
+	b := c.start("b")
+	c.pushPull("a", "b")
+	for i := 10; i < 50; i++ {
+		c.alloc("b", key(i))
+	}
+	c.run(5)
+	for i := 10; i < 50; i++ {
+		if a := c.answer[key(i)]; a.Err == nil && a.Address != 0 {
+			t.Fatalf("b allocated %s to %s having heard only from a (its status: %s)", a.Address, key(i), b.Status())
+		}
+	}
+	if st := b.Status().String(); !strings.Contains(st, "obs") {
+		t.Errorf("b's status does not name the peer it waits for: %s", st)
+	}
+	delete(c.cut, "obs")
+	c.pushPull("obs", "b")
+	c.run(40)
+	if !c.hasEvent("is older than what peers know of this node") {
+		t.Errorf("b did not find its state stale")
+	}
+	for i := 10; i < 50; i++ {
+		if a := c.answer[key(i)]; a.Err == nil && donated.Contains(a.Address) {
+			t.Fatalf("b allocated %s to %s, in %s, which it gave to the observer", a.Address, key(i), donated)
+		}
+	}
+	checkNoDuplicate(t, c)
+}
+
+// TestStaleReason: what in a ring shows that this peer's state is older
+// than what its lost self sent, and what does not.
+func TestStaleReason(t *testing.T) {
+	c, _, _ := staleCluster(t)
+	b := c.peers["b"]
+	own := -1
+	r := b.Ring()
+	for i, e := range r.Entries {
+		if e.Peer == "b" {
+			own = i
+			break
+		}
+	}
+	if own < 0 {
+		t.Fatal("setup: b owns nothing")
+	}
+	if why := b.staleReason(b.Ring()); why != "" {
+		t.Errorf("its own ring: %s", why)
+	}
+	change := func(f func(e *Entry)) *Ring {
+		r := b.Ring()
+		f(&r.Entries[own])
+		return r
+	}
+	for name, r := range map[string]*Ring{
+		"a newer free count":                   change(func(e *Entry) { e.Version++; e.Free-- }),
+		"the same version, another free count": change(func(e *Entry) { e.Free-- }),
+		"given away by a donation":             change(func(e *Entry) { e.Version += 2; e.Peer = "obs" }),
+	} {
+		if b.staleReason(r) == "" {
+			t.Errorf("%s: not seen as stale", name)
+		}
+	}
+	// A reclaim (a removal of b) is not a stale state: Merge refuses it
+	// as a takeaway, and b learns it was removed.
+	if why := b.staleReason(change(func(e *Entry) { e.Version += reclaimVersionJump; e.Peer = "a" })); why != "" {
+		t.Errorf("a reclaim seen as stale: %s", why)
+	}
+	// A range given to b with addresses in use that b does not hold.
+	r = b.Ring()
+	for i, e := range r.Entries {
+		if e.Peer == "a" {
+			r.Entries[i].Peer, r.Entries[i].Version, r.Entries[i].Free = "b", e.Version+2, 1
+			break
+		}
+	}
+	if b.staleReason(r) == "" {
+		t.Errorf("a range of b's with addresses in use it does not hold: not seen as stale")
+	}
+}
