@@ -55,6 +55,10 @@ type Allocator struct {
 	// made) nor refuses a ring that moves its ranges away (its lost self
 	// may have given them).
 	frozen bool
+	// noFree: it writes no free count (a peer that started with state
+	// and has not yet heard from a live peer, peer_stale.go), but refuses
+	// a ring that takes its ranges as usual.
+	noFree bool
 }
 
 // NewAllocator returns an allocator for self over universe, with an empty ring.
@@ -131,7 +135,7 @@ func (a *Allocator) SetRing(r *Ring) error {
 
 // refreshFree writes this peer's free counts into the ring.
 func (a *Allocator) refreshFree() bool {
-	if a.frozen {
+	if a.frozen || a.noFree {
 		return false
 	}
 	return a.ring.SetFree(a.self, a.space.FreeIn)

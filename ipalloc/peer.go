@@ -92,6 +92,17 @@ type Peer struct {
 	// owner of its ring (peer_rejoin.go): it holds back.
 	rejoin      bool
 	rejoinSaved bool // the disk says it holds back
+	// startHold: started with a ring on disk, and has not yet merged a
+	// claimed ring from a live peer since (peer_stale.go): its disk may
+	// be older than what the peers know of it, so it holds back.
+	startHold bool
+	stale     string          // why its saved state was found older than what a peer knows (peer_stale.go); empty: it was not
+	nodeFound map[Key]Address // what HoldFound showed in use on the node, less what was released since
+	since     map[Key]bool    // keys allocated (or held as found) since this peer started
+	// foundSaved: found entries that are allocations of a saved state
+	// found stale, not pods the node showed.
+	foundSaved map[Key]bool
+	fromState  bool // started with a ring on disk
 }
 
 // reportAgainAfter is how long (in ticks: 10 minutes with DefaultTiming's
@@ -203,6 +214,9 @@ type PeerConfig struct {
 	Peers    []PeerName // peers known at start (the mesh's members); more with AddPeer
 	Timing   Timing     // zero fields take DefaultTiming's
 	Rand     *rand.Rand // jitter and request ids; nil: seeded from Self
+	// StateName names where the state is kept, for the log (the state
+	// file); empty: "the saved state".
+	StateName string
 }
 
 // HardState is everything a Peer keeps on disk. Apply keeps one up to date
@@ -373,8 +387,14 @@ func NewPeer(cfg PeerConfig, hs HardState) (*Peer, error) {
 	for _, n := range cfg.Peers {
 		p.AddPeer(n)
 	}
-	if hs.Ring == nil || hs.Ring.Empty() || hs.Rejoin {
+	p.fromState = hs.Ring != nil && !hs.Ring.Empty()
+	if !p.fromState || hs.Rejoin {
 		p.rejoin, p.a.frozen, p.rejoinSaved = true, true, hs.Rejoin
+	}
+	if p.fromState && !hs.Rejoin && hs.Left == "" {
+		// Its disk may be a restored backup: it holds back until the live
+		// peers have shown it the ring (peer_stale.go).
+		p.startHold, p.a.noFree = true, true
 	}
 	if hs.Ring != nil && !hs.Ring.Empty() {
 		r := hs.Ring.Clone()
@@ -402,6 +422,12 @@ func NewPeer(cfg PeerConfig, hs HardState) (*Peer, error) {
 		}
 	}
 	p.restoreMembers(hs)
+	if p.startHold && p.lone() {
+		p.startHold, p.a.noFree = false, false
+		if p.a.refreshFree() {
+			p.ringDirty = true
+		}
+	}
 	if cfg.Init.Consensus > 0 {
 		if n := hs.Paxos.Size; n != 0 && n != cfg.Init.Consensus && p.a.ring.Empty() {
 			return nil, &ConsensusSizeError{Local: cfg.Init.Consensus, Remote: n}
@@ -628,6 +654,7 @@ func names(ps []PeerName) []string {
 // mergeRing merges a ring from outside (a peer, or a claim) and serves what
 // waits for space.
 func (p *Peer) mergeRing(r *Ring, from string) error {
+	p.checkStale(r, from)
 	before := len(p.a.ring.Entries)
 	changed, err := p.a.Merge(r)
 	if err != nil {
@@ -707,6 +734,7 @@ func (p *Peer) Step(from PeerName, m Msg) error {
 		p.ringPeers[from] = true
 		delete(p.foreign, from)
 		p.checkRejoin()
+		p.checkStartHold()
 	case errors.Is(err, ErrRangeTaken) && ring != nil:
 		p.takenOver(from, ring)
 	case errors.Is(err, ErrSplitRing) && !p.foreign[from]:
@@ -841,8 +869,8 @@ func (p *Peer) serve() {
 		p.pending = nil
 		return
 	}
-	if p.rejoin && !p.a.ring.Empty() {
-		return // it does not know yet what it owns (peer_rejoin.go)
+	if p.rejoin && !p.a.ring.Empty() || p.startHold {
+		return // it does not know yet what it owns (peer_rejoin.go, peer_stale.go)
 	}
 	for len(p.pending) > 0 {
 		k := p.pending[0].key
@@ -851,6 +879,7 @@ func (p *Peer) serve() {
 			break
 		}
 		p.pending = p.pending[1:]
+		p.noteSince(k)
 		p.rd.Allocs = append(p.rd.Allocs, AllocChange{Key: k, Address: addr, Held: true})
 		p.rd.Answers = append(p.rd.Answers, Answer{Key: k, Address: addr})
 		p.ringChanged(false)
@@ -878,6 +907,9 @@ func (p *Peer) Release(k Key) {
 		}
 	}
 	delete(p.found, k) // a pod found on the node, gone before it was held again
+	delete(p.nodeFound, k)
+	delete(p.since, k)
+	delete(p.foundSaved, k)
 	if addr, ok := p.a.Release(k); ok {
 		p.rd.Allocs = append(p.rd.Allocs, AllocChange{Key: k, Address: addr})
 		p.ringChanged(false)
@@ -912,6 +944,9 @@ func (p *Peer) Status() PeerStatus {
 	}
 	s.Left, s.Heir, s.HandedOn = p.Leaving()
 	s.Rejoin = p.rejoinStatus()
+	if p.startHold {
+		s.Rejoin = p.startHoldStatus()
+	}
 	s.RemovedBy = p.removed[p.cfg.Self]
 	for x := range p.acks {
 		if s.Reclaims == nil {

@@ -24,7 +24,7 @@ func (p *Peer) askDonation() {
 	if p.removedErr() != nil {
 		return // its ranges are its reclaimer's; it needs no space
 	}
-	if p.rejoin {
+	if p.rejoin || p.startHold {
 		// Holding back, it does not know yet what it owns (peer_rejoin.go),
 		// and the owners' rings usually reach it within moments (at a
 		// fresh cluster's first claim, each owner broadcasts its own). Only
@@ -84,7 +84,7 @@ func (p *Peer) tickDonation() {
 }
 
 func (p *Peer) stepDonateRequest(from PeerName, m *DonateRequest) {
-	if p.a.ring.Empty() || p.rejoin || p.removedErr() != nil { // a removed peer's ranges are being taken over
+	if p.a.ring.Empty() || p.rejoin || p.startHold || p.removedErr() != nil { // a removed peer's ranges are being taken over
 		p.send(from, &Denial{ID: m.ID})
 		return
 	}

@@ -304,7 +304,11 @@ func (p *Peer) HoldFound(found map[Key]Address) {
 	if p.found == nil {
 		p.found = map[Key]Address{}
 	}
+	if p.nodeFound == nil {
+		p.nodeFound = map[Key]Address{}
+	}
 	for k, a := range found {
+		p.nodeFound[k] = a // kept in case its saved state is found stale later (peer_stale.go)
 		if _, ok := p.a.Lookup(k); !ok {
 			p.found[k] = a
 		}
@@ -314,7 +318,7 @@ func (p *Peer) HoldFound(found map[Key]Address) {
 
 // holdFound holds the found addresses that are this peer's now.
 func (p *Peer) holdFound() {
-	if len(p.found) == 0 || p.a.ring.Empty() || p.leave != nil || p.rejoin || p.removedErr() != nil {
+	if len(p.found) == 0 || p.a.ring.Empty() || p.leave != nil || p.rejoin || p.startHold || p.removedErr() != nil {
 		return
 	}
 	for _, k := range slices.SortedFunc(maps.Keys(p.found), Key.Compare) {
@@ -323,9 +327,23 @@ func (p *Peer) holdFound() {
 			delete(p.found, k)
 			continue
 		}
+		if holder, ok := p.a.Holder(addr); ok && !k.Internal() && !p.foundSaved[k] && !holder.Internal() && !p.since[holder] {
+			// The node shows a pod of its own using addr, and the state
+			// holds it for another pod: a record of a pod gone since
+			// (a restored backup, peer_stale.go). The pod on the node wins.
+			if _, nodeToo := p.nodeFound[holder]; !nodeToo {
+				p.a.Release(holder)
+				p.rd.Allocs = append(p.rd.Allocs, AllocChange{Key: holder, Address: addr})
+				p.event(false, "ipalloc: %s is in use on this node by %s, and the state held it for %s, which the node does not show: held for %s", addr, k, holder, k)
+			}
+		}
 		if holder, ok := p.a.Holder(addr); ok {
 			delete(p.found, k)
-			p.event(false, "ipalloc: %s is in use on this node, and held already by %s", addr, holder)
+			if !p.fromState {
+				// (With a saved state, the router shows its pods at every
+				// start: most are held already.)
+				p.event(false, "ipalloc: %s is in use on this node, and held already by %s", addr, holder)
+			}
 			continue
 		}
 		if !p.a.space.Owns(addr) {
@@ -335,18 +353,30 @@ func (p *Peer) holdFound() {
 				}
 				p.foundWarn[k] = true
 				owner, _ := p.a.ring.Owner(addr)
+				if p.foundSaved[k] {
+					p.event(true, "ipalloc: %s is held in the saved state (older than what the peers know) for %s, but the ring gives it to %q: not taken; "+
+						"if that pod still runs, a pod there may get the same address", addr, k, owner)
+					continue
+				}
 				p.event(true, "ipalloc: %s is in use on this node (found on the bridge) but the ring gives it to %q: not taken; "+
 					"a pod there may get the same address", addr, owner)
 			}
 			continue
 		}
 		delete(p.found, k)
+		saved := p.foundSaved[k]
+		delete(p.foundSaved, k)
 		if err := p.a.Restore(k, addr); err != nil {
 			p.event(true, "ipalloc: %s is in use on this node but cannot be held: %v", addr, err)
 			continue
 		}
 		p.rd.Allocs = append(p.rd.Allocs, AllocChange{Key: k, Address: addr, Held: true})
 		p.ringChanged(false)
+		if saved {
+			p.event(false, "ipalloc: re-claimed %s, held for %s in the saved state", addr, k)
+			continue
+		}
+		p.noteSince(k)
 		p.event(false, "ipalloc: re-claimed %s, in use on this node but unknown to its state: held as %s until released", addr, k)
 	}
 }

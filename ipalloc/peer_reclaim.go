@@ -190,6 +190,12 @@ func (p *Peer) completeReclaims() {
 		p.checkRejoin()
 		return
 	}
+	if p.startHold {
+		// Its disk may be stale (peer_stale.go): the end of the hold
+		// completes them. A removal may end it (a lone peer).
+		p.checkStartHold()
+		return
+	}
 	xs := make([]PeerName, 0, len(p.acks))
 	for x := range p.acks {
 		xs = append(xs, x)

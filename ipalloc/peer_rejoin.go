@@ -123,12 +123,16 @@ func (p *Peer) checkRejoin() {
 // rejoinStatus is the status line part of a holding peer.
 func (p *Peer) rejoinStatus() string {
 	w := p.rejoinWaits()
+	why := "started without state"
+	if p.stale != "" {
+		why = "its saved state is older than what the peers know (" + p.stale + ")"
+	}
 	if len(w) == 0 && p.rejoin && !p.a.ring.Empty() {
-		return "started without state: waiting for the ring from a peer before allocating"
+		return why + ": waiting for the ring from a peer before allocating"
 	}
 	if len(w) == 0 {
 		return ""
 	}
-	return fmt.Sprintf("started without state: waiting to hear from every other owner of the ring (%s) before allocating; "+
-		"if one of them is gone for good, run 'weft rmpeer NAME' for it on this node", strings.Join(names(w), ", "))
+	return fmt.Sprintf("%s: waiting to hear from every other owner of the ring (%s) before allocating; "+
+		"if one of them is gone for good, run 'weft rmpeer NAME' for it on this node", why, strings.Join(names(w), ", "))
 }

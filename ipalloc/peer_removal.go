@@ -361,11 +361,17 @@ func (p *Peer) stepWithdrawAck(from PeerName, m *WithdrawAck) {
 // so what it learned is called off as it would be for any member.
 
 // waited lists the peers this peer waits for: the members of its open
-// barriers that have not acknowledged, and those its rejoin holds for.
+// barriers that have not acknowledged, and those its rejoin or its start
+// hold waits for.
 func (p *Peer) waited() []PeerName {
 	w := map[PeerName]bool{}
 	for _, q := range p.rejoinWaits() {
 		w[q] = true
+	}
+	if p.startHold {
+		for _, q := range p.startWaits() {
+			w[q] = true
+		}
 	}
 	for x := range p.acks {
 		if p.removed[x] == p.cfg.Self && !p.reclaimed[x] {

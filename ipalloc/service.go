@@ -329,7 +329,7 @@ func (s *Service) load() error {
 		return fmt.Errorf("the state in %s holds %d allocations but no ring, so it cannot tell which addresses are this peer's; "+
 			"restore the file from a backup, or (only after removing this node's pods) remove it to start afresh", s.db.Path(), len(hs.Allocations))
 	}
-	p, err := NewPeer(PeerConfig{Self: s.cfg.Self, Universe: RangeOf(s.universe), Init: s.cfg.Init}, hs)
+	p, err := NewPeer(PeerConfig{Self: s.cfg.Self, Universe: RangeOf(s.universe), Init: s.cfg.Init, StateName: s.db.Path()}, hs)
 	if err != nil {
 		return err
 	}

@@ -57,7 +57,7 @@ var (
 	simSchedules = flag.Int("ipalloc.sim.schedules", 0, "number of simulation schedules (default 300; 100 with -race, 40 with -short; make test runs 1500, make test-long 10000)")
 	simSteps     = flag.Int("ipalloc.sim.steps", 0, "steps per simulation schedule (default 1500, 600 with -short)")
 	simFirst     = flag.Uint64("ipalloc.sim.first", 1, "seed of the first simulation schedule")
-	simFaults    = flag.String("ipalloc.sim.faults", "oneway,partialview,join,rename,mixedsize", "faults of the hard simulation to inject (comma-separated; also: wipe, otherseeds, all)")
+	simFaults    = flag.String("ipalloc.sim.faults", "oneway,partialview,join,rename,mixedsize", "faults of the hard simulation to inject (comma-separated; also: wipe, otherseeds, stale, all)")
 	simRmLive    = flag.Bool("ipalloc.sim.rmlive", true, "also rmpeer live peers cut off from the rest (a Node deleted while its router is cut off): it must stop allocating once it knows (on by default since 2,300 schedules with it were clean; -ipalloc.sim.rmlive=false turns it off)")
 )
 
@@ -69,6 +69,7 @@ type simCounts struct {
 	Donations, Reclaims, ReclaimedIPs, Claims, Violations, Msgs int64
 	Leaves, LeavesRefused, LeavesDone                           int64
 	Wipes, Renamed, Joins, OneWay, Mixed, Expected              int64
+	Backups, Stale                                              int64
 }
 
 func (c *simCounts) add(o *simCounts) {
@@ -80,7 +81,7 @@ func (c *simCounts) add(o *simCounts) {
 		{&c.Reclaims, &o.Reclaims}, {&c.ReclaimedIPs, &o.ReclaimedIPs}, {&c.Claims, &o.Claims}, {&c.Violations, &o.Violations},
 		{&c.Msgs, &o.Msgs}, {&c.Leaves, &o.Leaves}, {&c.LeavesRefused, &o.LeavesRefused}, {&c.LeavesDone, &o.LeavesDone},
 		{&c.Wipes, &o.Wipes}, {&c.Renamed, &o.Renamed}, {&c.Joins, &o.Joins}, {&c.OneWay, &o.OneWay}, {&c.Mixed, &o.Mixed},
-		{&c.Expected, &o.Expected},
+		{&c.Expected, &o.Expected}, {&c.Backups, &o.Backups}, {&c.Stale, &o.Stale},
 	} {
 		atomic.AddInt64(f.a, *f.b)
 	}
@@ -91,12 +92,13 @@ func (c *simCounts) String() string {
 		"allocations %d (releases %d, failed for want of space or quorum %d, lost to a crash %d), "+
 		"crashes %d (%d between persisting and sending), restarts %d, crashed for good %d, partitions %d, "+
 		"donations %d, reclaims %d (%d IPs), first claims %d, leaves %d (refused %d, confirmed and gone %d), "+
-		"disks wiped %d (back under a new name %d), joins mid-run %d, one-way cuts %d, mixed configurations %d (refusals they explain %d), violations %d",
+		"disks wiped %d (back under a new name %d), joins mid-run %d, one-way cuts %d, mixed configurations %d (refusals they explain %d), "+
+		"stale disks restored %d (of %d backups), violations %d",
 		c.Schedules, c.Steps, c.Msgs, c.Delivered, c.Dropped, c.Duplicated, c.Refused,
 		c.Allocations, c.Releases, c.Failed, c.Lost,
 		c.Crashes, c.CrashesMidReady, c.Restarts, c.Deaths, c.Partitions,
 		c.Donations, c.Reclaims, c.ReclaimedIPs, c.Claims, c.Leaves, c.LeavesRefused, c.LeavesDone,
-		c.Wipes, c.Renamed, c.Joins, c.OneWay, c.Mixed, c.Expected, c.Violations)
+		c.Wipes, c.Renamed, c.Joins, c.OneWay, c.Mixed, c.Expected, c.Stale, c.Backups, c.Violations)
 }
 
 var simTiming = Timing{PaxosRetry: 6, PaxosPatience: 15, DonationRetry: 6, AllocDeadline: 150, RemoveRetry: 8, GossipEvery: 3}
@@ -116,6 +118,10 @@ type simPeer struct {
 	knowsRemoved bool            // it has received a Remove of itself
 	oddSize      int             // consensus: the size the operator wrongly gave it (0: none); fixed later
 	otherSeeds   bool            // seed list of another cluster: its ring is refused, it never allocates
+
+	backup    *HardState   // a copy of its disk taken some steps before (the stale fault)
+	restored  bool         // its disk was restored from a backup once
+	staleKeys map[Key]bool // allocations of the restored disk whose pods were gone: records, not pods
 }
 
 // leaving reports whether sp is up but has left the cluster (weft reset)
@@ -486,6 +492,9 @@ func (s *sim) explained(sp *simPeer, text string) bool {
 			}
 		}
 		return s.otherSeedsUp() && strings.Contains(text, "refused the ring from")
+	case strings.Contains(text, "is older than what peers know of this node"),
+		strings.Contains(text, "is held in the saved state (older than what the peers know)"):
+		return sp.restored
 	case strings.Contains(text, "is removing this peer"), strings.Contains(text, "refused the ring from"),
 		strings.Contains(text, "takes ranges this peer owns"):
 		// Removed while alive: its reclaimer's ring takes its ranges, at
@@ -745,6 +754,18 @@ func (s *sim) randomStep() {
 				actions = append(actions, action{1, func() { s.wipe(s.pick(wipeable), true) }})
 			}
 		}
+		if simFault("stale") {
+			actions = append(actions, action{2, func() { s.takeBackup(s.pick(wipeableSame)) }})
+			var restorable []*simPeer
+			for _, sp := range wipeableSame {
+				if sp.backup != nil {
+					restorable = append(restorable, sp)
+				}
+			}
+			if len(restorable) > 0 {
+				actions = append(actions, action{2, func() { s.restoreBackup(s.pick(restorable)) }})
+			}
+		}
 		if len(s.peers) < 12 && simFault("join") {
 			actions = append(actions, action{1, func() { s.join(simFault("otherseeds") && s.rng.IntN(4) == 0) }})
 		}
@@ -893,6 +914,48 @@ func (s *sim) wipe(sp *simPeer, rename bool) {
 	s.addPeer(PeerName(fmt.Sprintf("%s-r%d", sp.name, s.step)), false)
 }
 
+// takeBackup copies sp's disk, to be restored later (the stale fault).
+func (s *sim) takeBackup(sp *simPeer) {
+	if sp == nil || sp.disk.Ring == nil || sp.disk.Ring.Empty() || sp.disk.Left != "" {
+		return
+	}
+	s.c.Backups++
+	b := sp.disk.Clone()
+	sp.backup = &b
+	s.tracef("backup of %s's disk", sp.name)
+}
+
+// restoreBackup restores sp's disk from its backup, over its newer state,
+// and restarts it (as wipe does) with its pods still running, found on
+// its bridge: a backup restored, a VM snapshot rolled back.
+func (s *sim) restoreBackup(sp *simPeer) {
+	s.c.Stale++
+	if sp.p != nil {
+		s.crash(sp, "disk restored from a backup")
+	}
+	sp.disk, sp.backup, sp.restored = sp.backup.Clone(), nil, true
+	sp.wiped = true
+	sp.found = map[Key]Address{}
+	for k, h := range s.holder {
+		if h == sp.name && !s.waiting[k] {
+			sp.found[k] = s.held[k]
+		}
+	}
+	for k := range sp.disk.Allocations {
+		if s.holder[k] != sp.name || s.waiting[k] {
+			if sp.staleKeys == nil {
+				sp.staleKeys = map[Key]bool{}
+			}
+			sp.staleKeys[k] = true
+		}
+	}
+	s.tracef("%s's disk restored from a backup; %d pods still run on it", sp.name, len(sp.found))
+	if s.rng.IntN(2) == 0 && s.restartable(sp) {
+		s.c.Restarts++
+		s.start(sp)
+	}
+}
+
 // join adds a peer mid-run: a new node, as the operator configures one
 // (consensus clusters: observer, since a late consensus peer could reach a
 // quorum with other newcomers; seed clusters: the same list). otherSeeds:
@@ -1037,6 +1100,11 @@ func (s *sim) check() {
 			als, ring = sp.p.a.byKey, sp.p.a.ring
 		}
 		for k, a := range als {
+			if sp.staleKeys[k] && s.holder[k] != sp.name {
+				// A record of a pod gone since, on a disk restored from a
+				// backup: what matters is that nothing hands it out twice.
+				continue
+			}
 			if other, ok := holders[a]; ok {
 				s.fail("address %s is held by %s on %s and by %s on %s", a, other.k, other.p, k, sp.name)
 				return
@@ -1078,7 +1146,7 @@ func (s *sim) check() {
 		if !ok || got != a {
 			s.fail("container %s was given %s by %s, which now has %s, %v", k, a, sp.name, got, ok)
 		}
-		if sp.p != nil && ok {
+		if sp.p != nil && ok && !sp.p.startHold {
 			delete(sp.found, k)
 		}
 	}
@@ -1114,7 +1182,7 @@ func (s *sim) checkRings() {
 				}
 			}
 		}
-		if sp.p == nil || sp.removed || sp.p.rejoining() || sp.leaving() {
+		if sp.p == nil || sp.removed || sp.p.rejoining() || sp.p.startHold || sp.leaving() {
 			continue
 		}
 		r := sp.p.a.ring
@@ -1218,13 +1286,17 @@ func (s *sim) quiescent() bool {
 
 func (s *sim) describeState() string {
 	var b strings.Builder
+	for k := range s.waiting {
+		fmt.Fprintf(&b, "\n  %s waits on %s", k, s.holder[k])
+	}
+	fmt.Fprintf(&b, "\n  %d messages in flight", len(s.net))
 	for _, sp := range s.peers {
 		if sp.p == nil {
 			fmt.Fprintf(&b, "\n  %s: down (dead %v, removed %v)", sp.name, sp.dead, sp.removed)
 			continue
 		}
 		st := sp.p.Status()
-		fmt.Fprintf(&b, "\n  %s: %s, owned %d free %d, reclaims %v, removed %v, ring %v", sp.name, st, st.Owned, st.Free, st.Reclaims, sp.p.Removed(), sp.p.Ring().Entries)
+		fmt.Fprintf(&b, "\n  %s: %s, owned %d free %d, reclaims %v, removed %v, found %v, ring %v", sp.name, st, st.Owned, st.Free, st.Reclaims, sp.p.Removed(), sp.found, sp.p.Ring().Entries)
 	}
 	return b.String()
 }

@@ -130,16 +130,16 @@ func (r *Router) alivePeers() map[ipalloc.PeerName]bool {
 	return alive
 }
 
-// reclaimFromBridge re-claims addresses in use on the bridge when the state
-// knows none (it was lost, or the state dir is new on a node with pods):
-// the bridge's own address in the pod range (held as the gateway, so that
-// the pods keep their default route) and the pod-range addresses in its
-// neighbour table (pods that talked to the gateway). The allocator holds
-// each as soon as it lies in a range this peer owns, and never one outside.
+// reclaimFromBridge hands the allocator the addresses in use on the bridge,
+// at every start: the bridge's own address in the pod range (held as the
+// gateway, so that the pods keep their default route) and the pod-range
+// addresses in its neighbour table (pods that talked to the gateway). The
+// allocator holds each that its state does not hold already, as soon as it
+// lies in a range this peer owns, and never one outside: when the state
+// was lost (or the state dir is new on a node with pods), and when the
+// state is older than what the peers know (a restored backup: the pods
+// that got an address after the backup; docs/ipam.md#a-stale-disk).
 func (r *Router) reclaimFromBridge() {
-	if r.ipam.Stats().Allocated > 0 {
-		return
-	}
 	seen, err := observeBridge(r.cfg.Bridge)
 	if err != nil {
 		r.log.Warn("cannot read the bridge to re-claim the addresses of its pods", "bridge", r.cfg.Bridge, "err", err)
@@ -149,8 +149,10 @@ func (r *Router) reclaimFromBridge() {
 	if len(found) == 0 {
 		return
 	}
-	r.log.Info("ipalloc: the state knows no allocation, but the bridge has pods: re-claiming their addresses once they are in this peer's ranges",
-		"bridge", r.cfg.Bridge, "ports", seen.Ports, "addresses", len(found))
+	if r.ipam.Stats().Allocated == 0 {
+		r.log.Info("ipalloc: the state knows no allocation, but the bridge has pods: re-claiming their addresses once they are in this peer's ranges",
+			"bridge", r.cfg.Bridge, "ports", seen.Ports, "addresses", len(found))
+	}
 	if err := r.ipam.HoldFound(found); err != nil {
 		r.log.Error("ipalloc: re-claiming the addresses found on the bridge", "err", err)
 	}
