@@ -956,11 +956,16 @@ func (s *Service) Status() (st PeerStatus) {
 }
 
 // RejoinWaits lists the peers whose claimed ring this peer still waits for
-// before it allocates, having started without state (see peer_rejoin.go);
-// nil when it does not hold back. The glue to the mesh pulls their state
+// before it allocates: having started without state (the rejoin hold, see
+// peer_rejoin.go) or with state (the start hold, see peer_stale.go); nil
+// when it does not hold back. The glue to the mesh pulls their state
 // (ipammesh.RunPull) instead of waiting for a random push-pull to bring it.
 func (s *Service) RejoinWaits() (w []PeerName) {
-	s.read(func() { w = s.p.rejoinWaits() })
+	s.read(func() {
+		if w = s.p.rejoinWaits(); len(w) == 0 && s.p.startHold {
+			w = s.p.startWaits()
+		}
+	})
 	return w
 }
 
