@@ -48,6 +48,9 @@ type Kernel interface {
 	RemovePodSource(p bridge.PodSource) (removed bool, err error)
 	// GuardDrops reads the guard's drop counters by reason.
 	GuardDrops() (map[string]uint64, error)
+	// PolicyTable is the NetworkPolicy rules' enforcer in this
+	// namespace (made once; the router calls it for its whole life).
+	PolicyTable() (PolicyEnforcer, error)
 }
 
 // HostKernel is the Kernel of the namespace the router runs in. It keeps
@@ -108,6 +111,17 @@ func (k *HostKernel) AddPodSources(ps []bridge.PodSource) error {
 func (k *HostKernel) RemovePodSource(p bridge.PodSource) (bool, error) {
 	return k.guardConn().RemovePodSource(p)
 }
+
+// PolicyTable is the enforcer of the NetworkPolicy rules.
+//
+// MERGE POINT (branch policy-nft): this placeholder stands for
+// bridge.PolicyTable, whose Sync, Blocked and Teardown have the
+// PolicyEnforcer's signatures. At the merge, make it
+//
+//	return bridge.NewPolicyTable(...) // *bridge.PolicyTable is a PolicyEnforcer
+//
+// and delete policyNotBuilt and errPolicyNotBuilt (policy.go).
+func (*HostKernel) PolicyTable() (PolicyEnforcer, error) { return policyNotBuilt{}, nil }
 
 // GuardDrops reads the counters on a connection of its own: a metrics
 // scrape never holds up an ADD's batch on the guard's connection.

@@ -50,7 +50,8 @@ type Router struct {
 	resetCh    chan struct{}             // weft reset succeeded: tear down and exit
 	takenOut   atomic.Bool               // stopped on a Node marked for removal, ranges handed over: Run tears down
 
-	kube *kube.Kube // --kube: the Kubernetes side, set by Build
+	kube   *kube.Kube   // --kube: the Kubernetes side, set by Build
+	policy *policyWatch // --kube --network-policy: set by Build; nil when off
 
 	keys          *crypt.Keys    // from the password; nil without one
 	tunnel        *tunnel.Device // the data plane, set by Build
