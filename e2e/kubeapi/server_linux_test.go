@@ -60,6 +60,14 @@ var (
 		{"create", "configmaps", "kube-system", ""},
 		{"get", "daemonsets/weft", "kube-system", ""},
 		{"watch", "daemonsets/weft", "kube-system", ""},
+		// NetworkPolicy: read only, cluster wide.
+		{"list", "pods", "", ""},
+		{"watch", "pods", "", ""},
+		{"get", "pods", "default", ""},
+		{"list", "namespaces", "", ""},
+		{"watch", "namespaces", "", ""},
+		{"list", "networkpolicies.networking.k8s.io", "", ""},
+		{"watch", "networkpolicies.networking.k8s.io", "", ""},
 	}
 	// A sample of what it must not do.
 	mustDeny = []canI{
@@ -72,8 +80,14 @@ var (
 		{"get", "secrets", "kube-system", ""},
 		{"get", "secrets/weft-passwd", "kube-system", ""},
 		{"list", "secrets", "", ""},
-		{"list", "pods", "", ""},
 		{"create", "pods", "kube-system", ""},
+		{"delete", "pods", "default", ""},
+		{"patch", "pods", "default", ""},
+		{"get", "pods", "default", "log"},
+		{"create", "pods", "default", "exec"},
+		{"update", "namespaces/default", "", ""},
+		{"create", "networkpolicies.networking.k8s.io", "default", ""},
+		{"delete", "networkpolicies.networking.k8s.io", "default", ""},
 		{"get", "configmaps/other", "kube-system", ""},
 		{"list", "configmaps", "kube-system", ""},
 		{"watch", "configmaps", "kube-system", ""},
