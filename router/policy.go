@@ -111,6 +111,7 @@ type policyWatch struct {
 	total       [2]uint64             // Syncs ok, failed
 	compiled    *policyState          // what the last Sync was given
 	appliedAt   time.Time             // of the last successful Sync
+	waiting     int                   // ADDs waiting for their rules
 	listErrs    map[string]error      // resource -> the last error listing or watching it
 	problems    map[string]bool       // Compile's problems logged already
 	blockedLast [2]uint64             // the enforcer's counters as last read
@@ -570,6 +571,14 @@ func (w *policyWatch) admit(ctx context.Context, namespace, name string, ip neti
 	if !selected {
 		return nil
 	}
+	w.mu.Lock()
+	w.waiting++
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		w.waiting--
+		w.mu.Unlock()
+	}()
 	for {
 		w.mu.Lock()
 		applied, changed, lastErr := w.applied, w.appliedCh, w.lastErr

@@ -447,9 +447,10 @@ func TestPolicyAdmitUnselected(t *testing.T) {
 // TestPolicyADDWaitsForRules: through the local API of a whole --kube
 // router, a pod's ADD answers only once the rules of the policy that
 // selects it, with its new address, are applied. The enforcer holds the
-// Sync that isolates the pod until the test has seen it start; whether
-// the rules were in force is read the moment the ADD answers, so a
-// router that answers first fails, whatever the timing.
+// Sync that isolates the pod until the ADD either answers (a failure: it
+// answered before its rules were applied) or is seen waiting for them;
+// whether the rules were in force is read the moment the ADD answers. So
+// a router that answers first fails, whatever the timing.
 func TestPolicyADDWaitsForRules(t *testing.T) {
 	client, nodes, _, _ := startKubeRouters(t, "10.42.0.0/20", []string{"10.98.0.1"}, time.Minute)
 	n := nodes[0]
@@ -498,15 +499,29 @@ func TestPolicyADDWaitsForRules(t *testing.T) {
 		al, err := n.api.Allocate(ctx, api.AllocateRequest{Attachment: api.Attachment{ContainerID: "web-1", IfName: "eth0"}, PodNamespace: "default", PodName: "web"})
 		done <- answer{al, err, enf.isolates("default", "web")}
 	}()
-	select {
-	case <-started:
-	case a := <-done:
-		t.Fatalf("the ADD answered (%v, rules in force: %v) before the Sync that isolates the pod started", a.err, a.inForce)
-	case <-time.After(time.Minute):
-		t.Fatal("no Sync isolating the pod within a minute")
+	var a answer
+	answered := false
+	waitUntil(t, "the ADD to answer or to wait for the Sync that isolates the pod", func() bool {
+		select {
+		case a = <-done:
+			answered = true
+			return true
+		default:
+		}
+		select {
+		case <-started:
+		default:
+			return false
+		}
+		n.node.policy.mu.Lock()
+		defer n.node.policy.mu.Unlock()
+		return n.node.policy.waiting > 0
+	})
+	if answered {
+		t.Fatalf("the ADD answered (err %v, its rules in force: %v) while the Sync that isolates the pod was held", a.err, a.inForce)
 	}
 	close(release)
-	a := <-done
+	a = <-done
 	if a.err != nil {
 		t.Fatal(a.err)
 	}
