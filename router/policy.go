@@ -612,15 +612,17 @@ func (w *policyWatch) notSyncedReason(ctxErr error) string {
 	return strings.Join(errs, "; ")
 }
 
-// forget drops the pending pod at ip (its address was released).
+// forget drops the pending pod at ip (its address was released), and
+// has the rules compiled again without it.
 func (w *policyWatch) forget(ip netip.Addr) {
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	for k, pp := range w.pending {
 		if pp.pod.IP == ip {
 			delete(w.pending, k)
 		}
 	}
+	w.mu.Unlock()
+	w.signal()
 }
 
 // blocked reads the enforcer's counters; on an error, the last ones.

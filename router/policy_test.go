@@ -422,8 +422,9 @@ func TestPolicyRBACMissing(t *testing.T) {
 }
 
 // TestPolicyAdmitUnselected: a pod no policy of its namespace selects is
-// not held up by the policy sync (here one that never finishes), and its
-// address still reaches the next sync.
+// not held up by the policy sync (here one held until the ADD answered),
+// its address still reaches the next sync, and leaves the rules when it
+// is released.
 func TestPolicyAdmitUnselected(t *testing.T) {
 	np := &networkingv1.NetworkPolicy{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "db-only"},
@@ -434,14 +435,23 @@ func TestPolicyAdmitUnselected(t *testing.T) {
 	w, _, _ := startPolicyWatch(t, client, enf)
 	waitUntil(t, "the first sync", func() bool { return w.report().AppliedAt != "" })
 	release := make(chan struct{})
-	defer close(release)
 	enf.setGate(func(*policy.NodeRules) { <-release })
-	if err := w.admit(context.Background(), "default", "web", netip.MustParseAddr("10.32.0.9")); err != nil {
+	ip := netip.MustParseAddr("10.32.0.9")
+	if err := w.admit(context.Background(), "default", "web", ip); err != nil {
 		t.Fatal(err)
 	}
 	if err := w.admit(context.Background(), "", "", netip.MustParseAddr("10.32.0.10")); err != nil {
 		t.Fatalf("an ADD without a pod name: %v", err)
 	}
+	// Once syncs go through, the pod is there at its new address (the
+	// API server does not show it yet), until the address is released.
+	close(release)
+	waitUntil(t, "the pod at its new address in the rules", func() bool {
+		nr := enf.last()
+		return nr != nil && nr.Pods[ip] != nil && nr.Pods[ip].Name == "web"
+	})
+	w.forget(ip)
+	waitUntil(t, "the released address gone from the rules", func() bool { return enf.last().Pods[ip] == nil })
 }
 
 // TestPolicyADDWaitsForRules: through the local API of a whole --kube
