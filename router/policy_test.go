@@ -563,3 +563,23 @@ func TestPolicyStatusNotEnforced(t *testing.T) {
 		}
 	}
 }
+
+// TestPolicySummary: the networkpolicy line of weft status.
+func TestPolicySummary(t *testing.T) {
+	for _, tc := range []struct {
+		rep  PolicyReport
+		want string
+	}{
+		{PolicyReport{Off: "--network-policy=false"}, "off (--network-policy=false)"},
+		{PolicyReport{Enabled: true}, "starting: the pod, namespace and NetworkPolicy lists are not read yet"},
+		{PolicyReport{Enabled: true, Synced: true, Syncs: 2, Failed: 2}, "NOT ENFORCED: the rules failed to apply (weft status policy)"},
+		{PolicyReport{Enabled: true, Synced: true, Syncs: 1, Applied: true}, "enforced (0 policies select pods of this node)"},
+		{PolicyReport{Enabled: true, Synced: true, Syncs: 1, Applied: true, Policies: []PolicyInForce{{}}}, "enforced (1 policy selects pods of this node)"},
+	} {
+		var b bytes.Buffer
+		WriteStatus(&b, Report{Policy: tc.rep})
+		if want := "        Service: networkpolicy\n         Status: " + tc.want + "\n"; !strings.Contains(b.String(), want) {
+			t.Errorf("weft status with %+v:\n%s\nwant the lines\n%s", tc.rep, b.String(), want)
+		}
+	}
+}

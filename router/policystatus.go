@@ -114,6 +114,24 @@ func (w *policyWatch) report() PolicyReport {
 	return rep
 }
 
+// policySummary is the Status line of the networkpolicy service in
+// weft status; weft status policy has the detail.
+func policySummary(rep PolicyReport) string {
+	switch {
+	case !rep.Enabled:
+		return "off (" + rep.Off + ")"
+	case !rep.Synced:
+		return "starting: the pod, namespace and NetworkPolicy lists are not read yet"
+	case rep.Syncs == 0:
+		return "starting"
+	case !rep.Applied:
+		return "NOT ENFORCED: the rules failed to apply (weft status policy)"
+	case len(rep.Policies) == 1:
+		return "enforced (1 policy selects pods of this node)"
+	}
+	return fmt.Sprintf("enforced (%d policies select pods of this node)", len(rep.Policies))
+}
+
 // WritePolicy writes the text of GET /status/policy.
 func WritePolicy(w io.Writer, rep PolicyReport) {
 	if !rep.Enabled {

@@ -230,6 +230,9 @@ func WriteStatus(w io.Writer, rep Report) {
 	line("Range", rep.IPAM.Range)
 	line("DefaultSubnet", rep.IPAM.DefaultSubnet)
 	fmt.Fprintln(w)
+	line("Service", "networkpolicy")
+	line("Status", policySummary(rep.Policy))
+	fmt.Fprintln(w)
 }
 
 // encapSummary is the Encapsulation line of /status: the configured mode
