@@ -31,6 +31,10 @@ func TestNetworkPolicyOnKubernetes(t *testing.T) {
 	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "np"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// No controller manager here makes the namespace's default ServiceAccount.
+	if _, err := admin.CoreV1().ServiceAccounts("np").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "np", Name: "web", Labels: map[string]string{"app": "web"}},
 		Spec:       corev1.PodSpec{NodeName: n0.Name, Containers: []corev1.Container{{Name: "web", Image: "web:1"}}},
