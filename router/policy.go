@@ -43,7 +43,8 @@ type PolicyEnforcer interface {
 
 // errPolicyNotBuilt is the placeholder enforcer's answer. The enforcement
 // itself (bridge.PolicyTable) is built on the branch policy-nft; at the
-// merge HostKernel.PolicyTable (kernel.go) returns it instead.
+// merge HostKernel.PolicyTable (kernel.go) returns it instead, and this,
+// policyNotBuilt and the warning in record go.
 var errPolicyNotBuilt = errors.New("network policy enforcement is not built in this branch")
 
 // policyNotBuilt stands for bridge.PolicyTable until the merge: it
@@ -501,7 +502,14 @@ func (w *policyWatch) record(start time.Time, st *policyState, err error, gen ui
 		w.total[1]++
 		w.syncTotal.WithLabelValues("error").Inc()
 		w.failures++
-		if w.lastErr == nil || w.lastErr.Error() != err.Error() {
+		switch {
+		case w.lastErr != nil && w.lastErr.Error() == err.Error():
+		case errors.Is(err, errPolicyNotBuilt):
+			// The placeholder's: a warning, so that this branch's
+			// routers start without an ERROR (MERGE POINT: goes
+			// with errPolicyNotBuilt).
+			w.log.Warn("network policy: NOT ENFORCED: " + err.Error())
+		default:
 			w.log.Error("network policy: applying this node's rules failed; the rules in force stay as they were, retrying", "err", err, "failures", w.failures)
 		}
 	} else {
