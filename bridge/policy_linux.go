@@ -587,6 +587,16 @@ func (t *PolicyTable) Teardown() error {
 	})
 }
 
+// RemovePolicyTable deletes table ip weft-policy in the namespace at nsPath
+// ("" the current one), if it is there, without a PolicyTable (which
+// turns on br_netfilter): what a router with --network-policy=false does
+// with the rules a previous run left.
+func RemovePolicyTable(nsPath string) error {
+	g := NewGuardConn(nsPath)
+	defer g.Close()
+	return g.do(deletePolicyTable)
+}
+
 func deletePolicyTable(c *nftables.Conn) error {
 	tab := policyNFTable()
 	c.AddTable(tab) // so that the delete succeeds when there is no table

@@ -58,6 +58,9 @@ type seams struct {
 	// kubeResync is how often the reclaim pass runs besides Node
 	// deletions; zero: kube.DefaultResync.
 	kubeResync time.Duration
+	// policyRetry is the first wait before a failed NetworkPolicy Sync
+	// is retried; zero: policyRetryMin.
+	policyRetry time.Duration
 	// now is the IPAM's clock (the age of allocations for --gc-grace);
 	// nil: time.Now.
 	now func() time.Time
@@ -224,6 +227,12 @@ func (n *Node) components() []component {
 			component{name: "kubernetes", run: r.kube.Run, within: 2 * time.Second},
 			component{name: "kubernetes sync", run: func(ctx context.Context) error { r.routineKube(ctx); return nil }},
 		)
+	}
+	if r.policy != nil {
+		// Before the local API: an ADD waits for its pod's rules.
+		comps = append(comps, component{name: "network policy", run: r.policy.Run, within: 2 * time.Second})
+	} else {
+		comps = append(comps, component{name: "network policy off", start: r.removePolicyRules})
 	}
 	return append(comps,
 		component{name: "setup", run: r.routineSetup},

@@ -63,6 +63,9 @@ type Config struct {
 	NodeName        string // --node-name: this node's Node object (default $NODE_NAME, else the hostname)
 	KubeNamespace   string // --kube-namespace: where weft's ConfigMap lives (default $POD_NAMESPACE, else kube-system)
 	KubeDaemonSet   string // --kube-daemonset: weft's DaemonSet in KubeNamespace, watched for an uninstall; "" none
+	// NetworkPolicy (--network-policy): "true", "false", or "" for the
+	// default, which is on with --kube and off without.
+	NetworkPolicy string
 }
 
 // Defaults returns the documented defaults.
@@ -165,6 +168,9 @@ type Validated struct {
 	// WEFT_PASSWORD); nil means no encryption.
 	Secret          []byte
 	TrustedPrefixes []netip.Prefix // --trusted-subnets
+	// Policy: enforce NetworkPolicies (--network-policy, on by default
+	// with --kube).
+	Policy bool
 }
 
 // Validate checks every option and returns them parsed; the error names the
@@ -249,6 +255,19 @@ func (c Config) Validate() (*Validated, error) {
 	}
 	if v.EncapMode == tunnel.ModeVXLAN && v.Secret != nil && len(v.TrustedPrefixes) == 0 {
 		add(errors.New("--encap vxlan with a password: vxlan cannot be encrypted, so it is used only with peers in --trusted-subnets; give the underlay subnets whose traffic may go unencrypted in --trusted-subnets, or use --encap udp (sealed) or auto"))
+	}
+	switch c.NetworkPolicy {
+	case "":
+		v.Policy = c.Kube
+	default:
+		on, err := strconv.ParseBool(c.NetworkPolicy)
+		switch {
+		case err != nil:
+			add(fmt.Errorf("invalid --network-policy %q: give true or false (default: true with --kube)", c.NetworkPolicy))
+		case on && !c.Kube:
+			add(errors.New("--network-policy needs --kube: the policies, pods and namespaces come from the Kubernetes API server; add --kube, or leave --network-policy out"))
+		}
+		v.Policy = on && c.Kube
 	}
 	if c.Kube {
 		switch c.KubeAddressType {
@@ -366,11 +385,16 @@ func (c Config) Options() map[string]string {
 	if c.Password != "" || c.PasswordFile != "" {
 		pw = "<redacted>"
 	}
+	np := c.NetworkPolicy
+	if np == "" {
+		np = strconv.FormatBool(c.Kube) + " (the default with" + map[bool]string{true: "", false: "out"}[c.Kube] + " --kube)"
+	}
 	return map[string]string{
 		"password": pw, "password-file": c.PasswordFile, "require-password": strconv.FormatBool(c.RequirePassword), "trusted-subnets": c.TrustedSubnets,
 		"kube": strconv.FormatBool(c.Kube), "kubeconfig": c.Kubeconfig, "kube-address-type": c.KubeAddressType,
 		"node-name": c.NodeName, "kube-namespace": c.KubeNamespace, "kube-daemonset": c.KubeDaemonSet,
-		"name": c.Name, "nickname": c.Nickname, "host": c.Host,
+		"network-policy": np,
+		"name":           c.Name, "nickname": c.Nickname, "host": c.Host,
 		"port": strconv.Itoa(c.Port), "data-port": strconv.Itoa(c.DataPort),
 		"peers": c.Peers, "ipalloc-range": c.IPAllocRange, "ipalloc-init": c.IPAllocInit,
 		"http-addr": c.HTTPAddr, "socket": c.Socket, "state-dir": c.StateDir,

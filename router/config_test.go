@@ -198,7 +198,41 @@ func TestOptionsHaveEveryFlagAndRange(t *testing.T) {
 	if opts["ipalloc-range"] != "10.32.0.0/12" {
 		t.Fatalf("options line lacks ipalloc-range: %v", opts)
 	}
-	if len(opts) != 29 {
+	if len(opts) != 30 {
 		t.Fatalf("options has %d entries; a new flag must be added to Options()", len(opts))
+	}
+}
+
+// TestValidateNetworkPolicy: --network-policy is on by default with
+// --kube and off without; given true without --kube it is an error that
+// says what to do.
+func TestValidateNetworkPolicy(t *testing.T) {
+	for _, tc := range []struct {
+		kube    bool
+		flag    string
+		want    bool
+		wantErr string
+	}{
+		{kube: true, flag: "", want: true},
+		{kube: true, flag: "true", want: true},
+		{kube: true, flag: "false", want: false},
+		{kube: false, flag: "", want: false},
+		{kube: false, flag: "false", want: false},
+		{kube: false, flag: "true", wantErr: "--network-policy needs --kube"},
+		{kube: true, flag: "maybe", wantErr: "invalid --network-policy"},
+	} {
+		c := validConfig(t)
+		c.Kube, c.NodeName, c.NetworkPolicy = tc.kube, "n1", tc.flag
+		v, err := c.Validate()
+		switch {
+		case tc.wantErr != "":
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("kube=%v --network-policy=%q: %v, want an error with %q", tc.kube, tc.flag, err, tc.wantErr)
+			}
+		case err != nil:
+			t.Errorf("kube=%v --network-policy=%q: %v", tc.kube, tc.flag, err)
+		case v.Policy != tc.want:
+			t.Errorf("kube=%v --network-policy=%q: policy %v, want %v", tc.kube, tc.flag, v.Policy, tc.want)
+		}
 	}
 }

@@ -52,6 +52,8 @@ func (k *nsGuardKernel) RemovePodSource(p bridge.PodSource) (bool, error) {
 
 func (k *nsGuardKernel) GuardDrops() (map[string]uint64, error) { return k.g.DropCounts() }
 
+func (k *nsGuardKernel) PolicyTable() (PolicyEnforcer, error) { return newFakeEnforcer(), nil }
+
 // guardedNS makes a network namespace with weft's bridge and its guard
 // (bridge.Ensure with a Guard, as a router starting there does) and gives
 // a kernel whose guard is in it. Everything goes with the test.

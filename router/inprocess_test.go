@@ -44,6 +44,7 @@ type fakeKernel struct {
 	pods       map[bridge.PodSource]bool
 	teardowns  int
 	tun        *tuntest.Device
+	policy     *fakeEnforcer // made on the first PolicyTable
 
 	// published, if set, is the gateway the router has published to its
 	// data plane; EnsureBridge records in early each gateway published
@@ -164,6 +165,15 @@ func (k *fakeKernel) RemovePodSource(p bridge.PodSource) (bool, error) {
 }
 
 func (k *fakeKernel) GuardDrops() (map[string]uint64, error) { return map[string]uint64{}, nil }
+
+func (k *fakeKernel) PolicyTable() (PolicyEnforcer, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.policy == nil {
+		k.policy = newFakeEnforcer()
+	}
+	return k.policy, nil
+}
 
 func (k *fakeKernel) ownRanges() []bridge.AddrRange {
 	k.mu.Lock()

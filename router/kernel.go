@@ -1,12 +1,14 @@
 package router
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
 	"sync"
 
 	"github.com/weft-net/weft/bridge"
+	"github.com/weft-net/weft/policy"
 	"github.com/weft-net/weft/tunnel"
 )
 
@@ -48,6 +50,9 @@ type Kernel interface {
 	RemovePodSource(p bridge.PodSource) (removed bool, err error)
 	// GuardDrops reads the guard's drop counters by reason.
 	GuardDrops() (map[string]uint64, error)
+	// PolicyTable is the NetworkPolicy rules' enforcer in this
+	// namespace (made once; the router calls it for its whole life).
+	PolicyTable() (PolicyEnforcer, error)
 }
 
 // HostKernel is the Kernel of the namespace the router runs in. It keeps
@@ -55,8 +60,15 @@ type Kernel interface {
 // (bridge.GuardConn: every pod ADD and DEL changes them); Close closes it.
 // The zero value is ready to use.
 type HostKernel struct {
+	// Log is where the policy table logs (a rebuilt table, a failed
+	// write); nil: nowhere.
+	Log *slog.Logger
+
 	once  sync.Once
 	guard *bridge.GuardConn
+
+	policyOnce sync.Once
+	policy     *hostPolicy
 }
 
 // guardConn is the guard's connection, made on first use.
@@ -65,8 +77,15 @@ func (k *HostKernel) guardConn() *bridge.GuardConn {
 	return k.guard
 }
 
-// Close closes the guard's connection.
-func (k *HostKernel) Close() error { return k.guardConn().Close() }
+// Close closes the guard's connection and the policy table's; the rules
+// stay in the kernel.
+func (k *HostKernel) Close() error {
+	err := k.guardConn().Close()
+	if k.policy != nil {
+		err = errors.Join(err, k.policy.close())
+	}
+	return err
+}
 
 func (*HostKernel) DefaultRoute() (string, int, netip.Addr, error) { return bridge.DefaultRouteMTU("") }
 
@@ -107,6 +126,76 @@ func (k *HostKernel) AddPodSources(ps []bridge.PodSource) error {
 
 func (k *HostKernel) RemovePodSource(p bridge.PodSource) (bool, error) {
 	return k.guardConn().RemovePodSource(p)
+}
+
+// PolicyTable is the enforcer of the NetworkPolicy rules: bridge.PolicyTable
+// in this namespace, one for the router's life.
+func (k *HostKernel) PolicyTable() (PolicyEnforcer, error) {
+	k.policyOnce.Do(func() { k.policy = &hostPolicy{log: k.Log} })
+	return k.policy, nil
+}
+
+// hostPolicy makes its bridge.PolicyTable on first use by Sync or Blocked
+// (that turns on br_netfilter in the namespace, and fails, saying so,
+// where the kernel has none); Teardown needs no table, so a router with
+// --network-policy=false removes a previous run's rules without touching
+// br_netfilter. The policy watch never calls it concurrently; the lock is
+// for Close at the router's stop.
+type hostPolicy struct {
+	log *slog.Logger
+	mu  sync.Mutex
+	t   *bridge.PolicyTable
+}
+
+func (h *hostPolicy) table() (*bridge.PolicyTable, error) {
+	if h.t == nil {
+		t, err := bridge.NewPolicyTable(bridge.PolicyConfig{Log: h.log})
+		if err != nil {
+			return nil, fmt.Errorf("%w (or run weft with --network-policy=false and another policy controller)", err)
+		}
+		h.t = t
+	}
+	return h.t, nil
+}
+
+func (h *hostPolicy) Sync(nr *policy.NodeRules) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	t, err := h.table()
+	if err != nil {
+		return err
+	}
+	return t.Sync(nr)
+}
+
+func (h *hostPolicy) Blocked() (ingress, egress uint64, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	t, err := h.table()
+	if err != nil {
+		return 0, 0, err
+	}
+	return t.Blocked()
+}
+
+func (h *hostPolicy) Teardown() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.t != nil {
+		return h.t.Teardown()
+	}
+	return bridge.RemovePolicyTable("")
+}
+
+func (h *hostPolicy) close() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.t == nil {
+		return nil
+	}
+	err := h.t.Close()
+	h.t = nil
+	return err
 }
 
 // GuardDrops reads the counters on a connection of its own: a metrics

@@ -54,6 +54,15 @@ func (r *Router) newKube() error {
 		return fmt.Errorf("--kube: %w", err)
 	}
 	r.kube = k
+	if r.cfg.Policy {
+		enf, err := r.kernel.PolicyTable()
+		if err != nil {
+			return fmt.Errorf("--network-policy: %w", err)
+		}
+		if r.policy, err = newPolicyWatch(client, r.cfg.NodeName, enf, r.log, r.metrics.reg, r.seams.policyRetry); err != nil {
+			return fmt.Errorf("--network-policy: %w", err)
+		}
+	}
 	r.log.Info("kubernetes: watching nodes", "node", r.cfg.NodeName, "configmap", r.cfg.KubeNamespace+"/"+kube.DefaultConfigMapName, "address-type", r.cfg.KubeAddressType)
 	return nil
 }

@@ -209,6 +209,17 @@ func (l *localAPI) allocate(w http.ResponseWriter, req *http.Request) {
 		writeError(w, http.StatusInternalServerError, api.CodeInternal, fmt.Sprintf("letting %s send from %s on the bridge: %v", k, ip, err))
 		return
 	}
+	// Nor before the NetworkPolicies that select it are enforced.
+	if l.r.policy != nil {
+		pctx, pcancel := context.WithTimeout(req.Context(), admitWait)
+		err := l.r.policy.admit(pctx, in.PodNamespace, in.PodName, ip)
+		pcancel()
+		if err != nil {
+			l.r.log.Error("the pod's network policy is not in place; the runtime retries the ADD", "pod", podName(in.PodNamespace, in.PodName), "address", ip, "err", err)
+			writeError(w, http.StatusServiceUnavailable, api.CodeNotReady, err.Error())
+			return
+		}
+	}
 	writeJSON(w, http.StatusOK, l.allocation(k, ip, isNew))
 }
 
@@ -278,6 +289,9 @@ func (l *localAPI) release(w http.ResponseWriter, req *http.Request) {
 	if gerr != nil {
 		l.r.log.Warn("guard: withdrawing a released pod's source address; retried on the next resync", "err", gerr)
 	}
+	if ok && l.r.policy != nil {
+		l.r.policy.forget(ip)
+	}
 	resp := api.ReleaseResponse{Released: ok}
 	if ok {
 		resp.Address = ip
@@ -313,6 +327,9 @@ func (l *localAPI) gc(w http.ResponseWriter, req *http.Request) {
 	}
 	resp := api.GCResponse{Released: []api.Allocation{}}
 	for _, d := range dropped {
+		if l.r.policy != nil {
+			l.r.policy.forget(d.Address.Addr())
+		}
 		resp.Released = append(resp.Released, l.allocation(d.Key, d.Address.Addr(), false))
 		l.r.log.Info("GC released address", "container", d.Key.ContainerID, "ifname", d.Key.IfName, "address", d.Address)
 	}

@@ -52,7 +52,8 @@ type Router struct {
 	resetCh    chan struct{}             // weft reset succeeded: tear down and exit
 	takenOut   atomic.Bool               // stopped on a Node marked for removal, ranges handed over: Run tears down
 
-	kube *kube.Kube // --kube: the Kubernetes side, set by Build
+	kube   *kube.Kube   // --kube: the Kubernetes side, set by Build
+	policy *policyWatch // --kube --network-policy: set by Build; nil when off
 
 	keys          *crypt.Keys    // from the password; nil without one
 	tunnel        *tunnel.Device // the data plane, set by Build
@@ -103,7 +104,7 @@ func New(cfg *Validated, log *slog.Logger) (*Router, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Router{cfg: cfg, log: log, db: db, kernel: &HostKernel{}, reason: "starting", resetCh: make(chan struct{}, 1), dataplaneKick: make(chan struct{}, 1)}
+	r := &Router{cfg: cfg, log: log, db: db, kernel: &HostKernel{Log: log}, reason: "starting", resetCh: make(chan struct{}, 1), dataplaneKick: make(chan struct{}, 1)}
 	fail := func(err error) (*Router, error) { db.Close(); return nil, err }
 
 	r.name, err = db.PeerName(cfg.Name)

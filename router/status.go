@@ -25,6 +25,7 @@ type Report struct {
 	Version string       `json:"version"`
 	Router  RouterReport `json:"router"`
 	IPAM    IPAMReport   `json:"ipam"`
+	Policy  PolicyReport `json:"policy"`
 }
 
 // RouterReport describes this peer.
@@ -109,6 +110,7 @@ func (r *Router) Report() Report {
 			Allocations:   []AllocReport{},
 		},
 	}
+	rep.Policy = r.policyReport()
 	if r.mesh != nil {
 		rep.Router.Mesh = r.mesh.Report()
 		rep.Router.Connections = r.connections()
@@ -228,6 +230,9 @@ func WriteStatus(w io.Writer, rep Report) {
 	line("Range", rep.IPAM.Range)
 	line("DefaultSubnet", rep.IPAM.DefaultSubnet)
 	fmt.Fprintln(w)
+	line("Service", "networkpolicy")
+	line("Status", policySummary(rep.Policy))
+	fmt.Fprintln(w)
 }
 
 // encapSummary is the Encapsulation line of /status: the configured mode
@@ -293,6 +298,10 @@ func (r *Router) statusHandler(loopbackOnly bool) http.Handler {
 	}
 	mux.HandleFunc("/status", text(WriteStatus))
 	mux.HandleFunc("/status/ipam", text(WriteIPAM))
+	mux.HandleFunc("/status/policy", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		WritePolicy(w, r.policyReport())
+	})
 	mux.HandleFunc("/status/peers", r.meshText((*mesh.Mesh).WriteStatusPeers))
 	mux.HandleFunc("/status/connections", r.meshText(func(_ *mesh.Mesh, w io.Writer) error {
 		return WriteConnections(w, r.connections())

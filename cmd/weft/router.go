@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -55,6 +56,7 @@ func routerFlags(fs *flag.FlagSet, c *router.Config) {
 		c.KubeNamespace = ns
 	}
 	fs.StringVar(&c.KubeNamespace, "kube-namespace", c.KubeNamespace, "namespace of weft's ConfigMap for --kube (default: $POD_NAMESPACE, else kube-system)")
+	fs.Var(optBool{&c.NetworkPolicy}, "network-policy", "enforce the cluster's NetworkPolicies for this node's pods (needs --kube; default: true with --kube); --network-policy=false leaves them to another controller")
 	fs.StringVar(&c.KubeDaemonSet, "kube-daemonset", c.KubeDaemonSet, "weft's DaemonSet in --kube-namespace: when it is deleted (uninstall), a router that stops removes the CNI config, so that the node turns NotReady (default: none watched)")
 }
 
@@ -115,3 +117,25 @@ func cmdVersion([]string) error {
 	fmt.Println("weft", router.Version)
 	return nil
 }
+
+// optBool is a boolean flag that remembers whether it was given: unset,
+// the router picks the default (--network-policy: on with --kube).
+type optBool struct{ p *string }
+
+func (o optBool) String() string {
+	if o.p == nil {
+		return ""
+	}
+	return *o.p
+}
+
+func (o optBool) Set(s string) error {
+	b, err := strconv.ParseBool(s)
+	if err != nil {
+		return errors.New("give true or false")
+	}
+	*o.p = strconv.FormatBool(b)
+	return nil
+}
+
+func (optBool) IsBoolFlag() bool { return true }

@@ -40,10 +40,12 @@ func cmdStatus(args []string) error {
 		path = "/status/peers"
 	case "connections":
 		path = "/status/connections"
+	case "policy":
+		path = "/status/policy"
 	case "report":
 		path = "/report"
 	default:
-		return fmt.Errorf("unknown status %q: use weft status [ipam|peers|connections|report]", sub)
+		return fmt.Errorf("unknown status %q: use weft status [ipam|peers|connections|policy|report]", sub)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -32,6 +32,16 @@ var (
 		{"", "nodes", "list", ""},
 		{"", "nodes", "watch", ""},
 		{"", "nodes/status", "patch", ""},
+		// NetworkPolicy: the informers and an ADD's read of its pod.
+		{"", "pods", "get", ""},
+		{"", "pods", "list", ""},
+		{"", "pods", "watch", ""},
+		{"", "namespaces", "get", ""},
+		{"", "namespaces", "list", ""},
+		{"", "namespaces", "watch", ""},
+		{"networking.k8s.io", "networkpolicies", "get", ""},
+		{"networking.k8s.io", "networkpolicies", "list", ""},
+		{"networking.k8s.io", "networkpolicies", "watch", ""},
 	}
 	wantNamespacePerms = []perm{
 		{"", "configmaps", "create", ""},
@@ -303,6 +313,9 @@ func checkDaemonSet(ds *appsv1.DaemonSet) []error {
 	if !slices.Equal(c.Command, []string{"/usr/bin/weft"}) || len(c.Args) == 0 || c.Args[0] != "router" || !slices.Contains(c.Args, "--kube") {
 		bad("container runs %q %q, want /usr/bin/weft router --kube ...", c.Command, c.Args)
 	}
+	if !slices.Contains(c.Args, "--network-policy=true") {
+		bad("container args %q: want --network-policy=true (NetworkPolicy enforced, and said so in the manifest)", c.Args)
+	}
 	if c.ImagePullPolicy == corev1.PullAlways {
 		bad("imagePullPolicy Always: nodes with an imported image and no registry could not start weft")
 	}
@@ -426,7 +439,12 @@ func TestManifestCatchesBrokenEdits(t *testing.T) {
 		{"hostPID", "hostNetwork: true", "hostNetwork: true\n      hostPID: true"},
 		{"probe on node IP", "              host: 127.0.0.1\n              path: /healthz\n", "              path: /healthz\n"},
 		{"readiness path", "path: /readyz", "path: /healthz"},
-		{"no --kube", `args: ["router", "--kube"]`, `args: ["router"]`},
+		{"no --kube", `args: ["router", "--kube", "--network-policy=true"]`, `args: ["router", "--network-policy=true"]`},
+		{"no --network-policy", `"--kube", "--network-policy=true"]`, `"--kube"]`},
+		{"pods writable", `resources: ["pods", "namespaces"]
+    verbs: ["get", "list", "watch"]`, `resources: ["pods", "namespaces"]
+    verbs: ["get", "list", "watch", "update"]`},
+		{"no networkpolicies", `resources: ["networkpolicies"]`, `resources: ["ingresses"]`},
 		{"maxUnavailable 3", "maxUnavailable: 1", "maxUnavailable: 3"},
 		{"xtables lock gone", "            - name: xtables-lock\n              mountPath: /run/xtables.lock\n", ""},
 		{"state not on the host", "            path: /var/lib/weft\n", "            path: /tmp/weft\n"},

@@ -13,6 +13,7 @@ import (
 
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -60,6 +61,14 @@ var (
 		{"create", "configmaps", "kube-system", ""},
 		{"get", "daemonsets/weft", "kube-system", ""},
 		{"watch", "daemonsets/weft", "kube-system", ""},
+		// NetworkPolicy: read only, cluster wide.
+		{"list", "pods", "", ""},
+		{"watch", "pods", "", ""},
+		{"get", "pods", "default", ""},
+		{"list", "namespaces", "", ""},
+		{"watch", "namespaces", "", ""},
+		{"list", "networkpolicies.networking.k8s.io", "", ""},
+		{"watch", "networkpolicies.networking.k8s.io", "", ""},
 	}
 	// A sample of what it must not do.
 	mustDeny = []canI{
@@ -72,8 +81,14 @@ var (
 		{"get", "secrets", "kube-system", ""},
 		{"get", "secrets/weft-passwd", "kube-system", ""},
 		{"list", "secrets", "", ""},
-		{"list", "pods", "", ""},
 		{"create", "pods", "kube-system", ""},
+		{"delete", "pods", "default", ""},
+		{"patch", "pods", "default", ""},
+		{"get", "pods", "default", "log"},
+		{"create", "pods", "default", "exec"},
+		{"update", "namespaces/default", "", ""},
+		{"create", "networkpolicies.networking.k8s.io", "default", ""},
+		{"delete", "networkpolicies.networking.k8s.io", "default", ""},
 		{"get", "configmaps/other", "kube-system", ""},
 		{"list", "configmaps", "kube-system", ""},
 		{"watch", "configmaps", "kube-system", ""},
@@ -332,6 +347,16 @@ func actAsWeft(ctx context.Context, t *testing.T, admin, sa kubernetes.Interface
 	if cm, err = cms.Get(ctx, "weft", metav1.GetOptions{}); err != nil || cm.Data["k"] != "2" {
 		t.Errorf("weft reads its ConfigMap: %v %v", err, cm.Data)
 	}
+	// NetworkPolicy: the router's informers list (and watch) these.
+	for what, err := range map[string]error{
+		"lists Pods":            second(sa.CoreV1().Pods("").List(ctx, metav1.ListOptions{})),
+		"lists Namespaces":      second(sa.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})),
+		"lists NetworkPolicies": second(sa.NetworkingV1().NetworkPolicies("").List(ctx, metav1.ListOptions{})),
+	} {
+		if err != nil {
+			t.Errorf("weft %s: %v", what, err)
+		}
+	}
 	for what, err := range map[string]error{
 		"deletes its ConfigMap":          cms.Delete(ctx, "weft", metav1.DeleteOptions{}),
 		"patches its ConfigMap":          second(cms.Patch(ctx, "weft", types.MergePatchType, []byte(`{"data":{"k":"3"}}`), metav1.PatchOptions{})),
@@ -339,7 +364,9 @@ func actAsWeft(ctx context.Context, t *testing.T, admin, sa kubernetes.Interface
 		"reads another ConfigMap":        second(cms.Get(ctx, "kube-root-ca.crt", metav1.GetOptions{})),
 		"creates a ConfigMap in default": second(sa.CoreV1().ConfigMaps("default").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "weft"}}, metav1.CreateOptions{})),
 		"lists Secrets":                  second(sa.CoreV1().Secrets("kube-system").List(ctx, metav1.ListOptions{})),
-		"lists Pods":                     second(sa.CoreV1().Pods("").List(ctx, metav1.ListOptions{})),
+		"creates a Pod":                  second(sa.CoreV1().Pods("default").Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "x"}, Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "i"}}}}, metav1.CreateOptions{})),
+		"creates a NetworkPolicy":        second(sa.NetworkingV1().NetworkPolicies("default").Create(ctx, &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "x"}}, metav1.CreateOptions{})),
+		"deletes a Namespace":            sa.CoreV1().Namespaces().Delete(ctx, "default", metav1.DeleteOptions{}),
 		"reads another DaemonSet":        second(sa.AppsV1().DaemonSets("kube-system").Get(ctx, "kube-proxy", metav1.GetOptions{})),
 		"lists DaemonSets":               second(sa.AppsV1().DaemonSets("kube-system").List(ctx, metav1.ListOptions{})),
 		"deletes its DaemonSet":          sa.AppsV1().DaemonSets("kube-system").Delete(ctx, "weft", metav1.DeleteOptions{}),
