@@ -21,7 +21,7 @@ import (
 	"github.com/weft-net/weft/e2e"
 )
 
-// TestNetworkPolicyEnforced: NetworkPolicy from the outside. Two --kube
+// TestNetworkPolicyEnforcedOnKubernetes: NetworkPolicy from the outside. Two --kube
 // routers with --network-policy against a real kube-apiserver; pods are
 // made as a kubelet makes them (the Pod object first, then the CNI ADD
 // through the real runtime, then the address in the Pod's status). A
@@ -32,7 +32,7 @@ import (
 // itself still reaches it (kubelet probes). Once the policy is deleted,
 // everything connects. A refused try is seen as the web node's
 // weft_policy_blocked_total growing, not as a time-out.
-func TestNetworkPolicyEnforced(t *testing.T) {
+func TestNetworkPolicyEnforcedOnKubernetes(t *testing.T) {
 	ctx, tb := testbed(t, 2)
 	c, admin := tb.Cluster, tb.Admin
 	n0, n1 := c.Nodes[0], c.Nodes[1]
