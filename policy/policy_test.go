@@ -1,9 +1,7 @@
 package policy
 
 import (
-	"flag"
 	"fmt"
-	"math/rand/v2"
 	"net/netip"
 	"testing"
 
@@ -11,11 +9,6 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-)
-
-var (
-	worlds = flag.Int("policy.worlds", 400, "random worlds TestCompileMatchesModel checks")
-	seed0  = flag.Uint64("policy.seed", 0, "first seed of TestCompileMatchesModel (replay a failure with -policy.seed=N -policy.worlds=1)")
 )
 
 func ptr[T any](v T) *T { return &v }
@@ -189,161 +182,6 @@ func TestSemantics(t *testing.T) {
 	})
 }
 
-// randWorld makes a small random cluster and policies over few labels, so
-// that selectors often match and often do not.
-func randWorld(r *rand.Rand) *World {
-	labelsOf := func() map[string]string {
-		m := map[string]string{}
-		for _, k := range []string{"app", "tier"} {
-			if r.IntN(3) > 0 {
-				m[k] = []string{"x", "y", "z"}[r.IntN(3)]
-			}
-		}
-		return m
-	}
-	selOf := func() *metav1.LabelSelector {
-		s := &metav1.LabelSelector{}
-		switch r.IntN(4) {
-		case 0: // empty: matches all
-		case 1:
-			s.MatchLabels = map[string]string{"app": []string{"x", "y", "z"}[r.IntN(3)]}
-		case 2:
-			s.MatchExpressions = []metav1.LabelSelectorRequirement{{Key: "tier", Operator: metav1.LabelSelectorOpIn,
-				Values: []string{[]string{"x", "y", "z"}[r.IntN(3)], "y"}}}
-		case 3:
-			s.MatchExpressions = []metav1.LabelSelectorRequirement{{Key: "app", Operator: metav1.LabelSelectorOpDoesNotExist}}
-		}
-		return s
-	}
-	w := &World{}
-	nss := []string{"a", "b", "c"}
-	for _, n := range nss {
-		w.Namespaces = append(w.Namespaces, Namespace{n, labelsOf()})
-	}
-	npods := 3 + r.IntN(6)
-	for i := range npods {
-		x := Pod{Namespace: nss[r.IntN(len(nss))], Name: fmt.Sprintf("p%d", i), Labels: labelsOf(),
-			IP: netip.AddrFrom4([4]byte{10, 32, byte(r.IntN(2)), byte(2 + i)}), Node: fmt.Sprintf("n%d", r.IntN(3))}
-		for _, pn := range []Port{{"http", corev1.ProtocolTCP, 80}, {"http", corev1.ProtocolTCP, 8080}, {"dns", corev1.ProtocolUDP, 53}, {"dns", "", 53}} {
-			if r.IntN(3) == 0 {
-				x.Ports = append(x.Ports, pn)
-			}
-		}
-		w.Pods = append(w.Pods, x)
-	}
-	peerOf := func() networkingv1.NetworkPolicyPeer {
-		switch r.IntN(4) {
-		case 0:
-			b := &networkingv1.IPBlock{CIDR: []string{"10.32.0.0/16", "10.32.1.0/24", "10.32.0.4/30", "0.0.0.0/0", "192.0.2.0/24"}[r.IntN(5)]}
-			if r.IntN(2) == 0 {
-				b.Except = append(b.Except, []string{"10.32.0.0/29", "10.32.1.4/31", "10.32.0.5/32"}[r.IntN(3)])
-			}
-			return networkingv1.NetworkPolicyPeer{IPBlock: b}
-		case 1:
-			return networkingv1.NetworkPolicyPeer{PodSelector: selOf()}
-		case 2:
-			return networkingv1.NetworkPolicyPeer{NamespaceSelector: selOf()}
-		}
-		return networkingv1.NetworkPolicyPeer{PodSelector: selOf(), NamespaceSelector: selOf()}
-	}
-	portsOf := func() []networkingv1.NetworkPolicyPort {
-		var out []networkingv1.NetworkPolicyPort
-		for range r.IntN(3) {
-			pp := networkingv1.NetworkPolicyPort{}
-			switch r.IntN(3) {
-			case 1:
-				pp.Protocol = udp()
-			case 2:
-				pp.Protocol = tcp()
-			}
-			switch r.IntN(4) {
-			case 0:
-				pp.Port = ptr(intstr.FromInt32([]int32{53, 80, 8080}[r.IntN(3)]))
-			case 1:
-				pp.Port = ptr(intstr.FromString([]string{"http", "dns", "none"}[r.IntN(3)]))
-			case 2:
-				pp.Port = ptr(intstr.FromInt32(50))
-				pp.EndPort = ptr([]int32{60, 90, 40}[r.IntN(3)])
-			}
-			out = append(out, pp)
-		}
-		return out
-	}
-	for i := range r.IntN(5) {
-		spec := networkingv1.NetworkPolicySpec{PodSelector: *selOf()}
-		switch r.IntN(4) {
-		case 1:
-			spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}
-		case 2:
-			spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
-		case 3:
-			spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}
-		}
-		for range r.IntN(3) {
-			rule := networkingv1.NetworkPolicyIngressRule{Ports: portsOf()}
-			for range r.IntN(3) {
-				rule.From = append(rule.From, peerOf())
-			}
-			spec.Ingress = append(spec.Ingress, rule)
-		}
-		for range r.IntN(3) {
-			rule := networkingv1.NetworkPolicyEgressRule{Ports: portsOf()}
-			for range r.IntN(3) {
-				rule.To = append(rule.To, peerOf())
-			}
-			spec.Egress = append(spec.Egress, rule)
-		}
-		w.Policies = append(w.Policies, pol(nss[r.IntN(len(nss))], fmt.Sprintf("np%d", i), spec))
-	}
-	return w
-}
-
-// TestCompileMatchesModel: for random worlds, the compiled rules of the
-// nodes allow exactly what the model allows, for every pair of pods and
-// some outside addresses, over protocols and ports the policies name.
-func TestCompileMatchesModel(t *testing.T) {
-	n := *worlds
-	if testing.Short() {
-		n = 50
-	}
-	addrs := []netip.Addr{ip("192.0.2.9"), ip("10.32.0.4"), ip("10.32.1.5"), ip("8.8.8.8")}
-	var checked, allowed int
-	for s := *seed0; s < *seed0+uint64(n); s++ {
-		w := randWorld(rand.New(rand.NewPCG(s, 0x9e3779b9)))
-		nodes := map[string]*NodeRules{}
-		all := append([]netip.Addr{}, addrs...)
-		for _, x := range w.Pods {
-			all = append(all, x.IP)
-		}
-		for _, src := range all {
-			for _, dst := range all {
-				if src == dst {
-					continue
-				}
-				for _, proto := range []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP} {
-					for _, port := range []uint16{53, 55, 80, 8080, 9} {
-						for _, fromNode := range []bool{false, true} {
-							c := Conn{Src: src, Dst: dst, Protocol: proto, Port: port, FromNode: fromNode}
-							want := Allowed(w, c)
-							if got := compiledAllowedIn(w, nodes, c); got != want {
-								t.Fatalf("seed %d: %s (from node %v): compiled rules allow=%v, the model %v\nworld: %+v", s, c, fromNode, got, want, w)
-							}
-							checked++
-							if want {
-								allowed++
-							}
-						}
-					}
-				}
-			}
-		}
-	}
-	t.Logf("%d worlds, %d connections checked, %d allowed", n, checked, allowed)
-	if allowed == 0 || allowed == checked {
-		t.Fatalf("the worlds are degenerate: %d of %d allowed", allowed, checked)
-	}
-}
-
 func TestIntervals(t *testing.T) {
 	b := &networkingv1.IPBlock{CIDR: "10.0.0.0/24", Except: []string{"10.0.0.0/30", "10.0.0.128/25", "10.0.0.10/32"}}
 	got := blockIntervals(b)
@@ -376,21 +214,4 @@ func TestProblemsReported(t *testing.T) {
 		t.Fatalf("problems: %q, want the CIDR and the selector", nr.Problems)
 	}
 	check(t, w, Conn{Src: ip("10.0.0.1"), Dst: ip("10.32.0.2"), Protocol: corev1.ProtocolTCP, Port: 80}, false)
-}
-
-// FuzzCompileMatchesModel explores seeds of random worlds beyond the test's.
-func FuzzCompileMatchesModel(f *testing.F) {
-	f.Add(uint64(1), uint16(80))
-	f.Fuzz(func(t *testing.T, s uint64, port uint16) {
-		w := randWorld(rand.New(rand.NewPCG(s, 1)))
-		nodes := map[string]*NodeRules{}
-		for _, src := range w.Pods {
-			for _, dst := range w.Pods {
-				c := Conn{Src: src.IP, Dst: dst.IP, Protocol: corev1.ProtocolTCP, Port: port}
-				if src.IP != dst.IP && Allowed(w, c) != compiledAllowedIn(w, nodes, c) {
-					t.Fatalf("seed %d: %s: compiled and model differ", s, c)
-				}
-			}
-		}
-	})
 }

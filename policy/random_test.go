@@ -1,0 +1,118 @@
+package policy_test
+
+import (
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/weft-net/weft/policy"
+	"github.com/weft-net/weft/policy/policytest"
+)
+
+// The random worlds come from policytest, which package bridge's tests of
+// the kernel's enforcement draw from too; so these tests live outside
+// package policy (policytest imports it).
+
+var (
+	worlds = flag.Int("policy.worlds", 400, "random worlds TestCompileMatchesModel checks")
+	seed0  = flag.Uint64("policy.seed", 0, "first seed of TestCompileMatchesModel (replay a failure with -policy.seed=N -policy.worlds=1)")
+)
+
+// randWorld makes a small random cluster: 3 to 8 pods, at random
+// addresses of two /24s, on three nodes.
+func randWorld(r *rand.Rand) *policy.World {
+	spots := make([]policytest.Spot, 3+r.IntN(6))
+	for i := range spots {
+		spots[i] = policytest.Spot{IP: netip.AddrFrom4([4]byte{10, 32, byte(r.IntN(2)), byte(2 + i)}), Node: fmt.Sprintf("n%d", r.IntN(3))}
+	}
+	return policytest.World(r, spots, 5)
+}
+
+// compiledAllowedIn evaluates c as the nodes would, egress on the
+// source's node and ingress on the destination's, with the nodes' rules
+// cached in nodes.
+func compiledAllowedIn(w *policy.World, nodes map[string]*policy.NodeRules, c policy.Conn) bool {
+	rules := func(n string) *policy.NodeRules {
+		if nodes[n] == nil {
+			nodes[n] = policy.Compile(w, n)
+		}
+		return nodes[n]
+	}
+	ok := true
+	for _, x := range w.Pods {
+		if x.IP == c.Src {
+			ok = ok && rules(x.Node).Egress(c)
+		}
+		if x.IP == c.Dst {
+			ok = ok && rules(x.Node).Ingress(c)
+		}
+	}
+	return ok
+}
+
+// TestCompileMatchesModel: for random worlds, the compiled rules of the
+// nodes allow exactly what the model allows, for every pair of pods and
+// some outside addresses, over protocols and ports the policies name.
+func TestCompileMatchesModel(t *testing.T) {
+	n := *worlds
+	if testing.Short() {
+		n = 50
+	}
+	addrs := []netip.Addr{netip.MustParseAddr("192.0.2.9"), netip.MustParseAddr("10.32.0.4"), netip.MustParseAddr("10.32.1.5"), netip.MustParseAddr("8.8.8.8")}
+	var checked, allowed int
+	for s := *seed0; s < *seed0+uint64(n); s++ {
+		w := randWorld(rand.New(rand.NewPCG(s, 0x9e3779b9)))
+		nodes := map[string]*policy.NodeRules{}
+		all := append([]netip.Addr{}, addrs...)
+		for _, x := range w.Pods {
+			all = append(all, x.IP)
+		}
+		for _, src := range all {
+			for _, dst := range all {
+				if src == dst {
+					continue
+				}
+				for _, proto := range []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP} {
+					for _, port := range []uint16{53, 55, 80, 8080, 9} {
+						for _, fromNode := range []bool{false, true} {
+							c := policy.Conn{Src: src, Dst: dst, Protocol: proto, Port: port, FromNode: fromNode}
+							want := policy.Allowed(w, c)
+							if got := compiledAllowedIn(w, nodes, c); got != want {
+								t.Fatalf("seed %d: %s (from node %v): compiled rules allow=%v, the model %v\nworld: %+v", s, c, fromNode, got, want, w)
+							}
+							checked++
+							if want {
+								allowed++
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	t.Logf("%d worlds, %d connections checked, %d allowed", n, checked, allowed)
+	if allowed == 0 || allowed == checked {
+		t.Fatalf("the worlds are degenerate: %d of %d allowed", allowed, checked)
+	}
+}
+
+// FuzzCompileMatchesModel explores seeds of random worlds beyond the test's.
+func FuzzCompileMatchesModel(f *testing.F) {
+	f.Add(uint64(1), uint16(80))
+	f.Fuzz(func(t *testing.T, s uint64, port uint16) {
+		w := randWorld(rand.New(rand.NewPCG(s, 1)))
+		nodes := map[string]*policy.NodeRules{}
+		for _, src := range w.Pods {
+			for _, dst := range w.Pods {
+				c := policy.Conn{Src: src.IP, Dst: dst.IP, Protocol: corev1.ProtocolTCP, Port: port}
+				if src.IP != dst.IP && policy.Allowed(w, c) != compiledAllowedIn(w, nodes, c) {
+					t.Fatalf("seed %d: %s: compiled and model differ", s, c)
+				}
+			}
+		}
+	})
+}
