@@ -12,6 +12,25 @@ import (
 	"github.com/weft-net/weft/mesh"
 )
 
+// seedInit is the tests' first claim: by a seed list of three nodes.
+var seedInit = ipalloc.Init{Seeds: []ipalloc.PeerName{"node0000", "node0001", "node0002"}}
+
+// addSeeded adds n nodes to c, each joining the first, and returns c's
+// nodes.
+func addSeeded(t *testing.T, ctx context.Context, c *Cluster, n int) []*Node {
+	t.Helper()
+	for i := range n {
+		var peers []string
+		if i > 0 {
+			peers = []string{Addr(0)}
+		}
+		if _, err := c.Add(ctx, seedInit, peers); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return c.Nodes()
+}
+
 // TestClusterConverges is the short form of the scale benchmark: 20 whole
 // control planes make their first claim from a seed list (seed= three of
 // them, on every node: consensus=20 did not claim within 90 s under the
@@ -37,17 +56,7 @@ func TestClusterConverges(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	init := ipalloc.Init{Seeds: []ipalloc.PeerName{"node0000", "node0001", "node0002"}}
-	for i := range n {
-		var peers []string
-		if i > 0 {
-			peers = []string{Addr(0)}
-		}
-		if _, err := c.Add(ctx, init, peers); err != nil {
-			t.Fatal(err)
-		}
-	}
-	nodes := c.Nodes()
+	nodes := addSeeded(t, ctx, c, n)
 	if err := WaitFor(ctx, 50*time.Millisecond, func() bool { return Claimed(nodes) }); err != nil {
 		for _, nd := range nodes {
 			st := nd.Svc.Status()
@@ -61,7 +70,7 @@ func TestClusterConverges(t *testing.T) {
 		}
 		t.Fatalf("not every node made its first claim: %v (refused %d, inbox drops %d, broadcasts too large %d, other send errors %d)", err, refused, dropped, large, other)
 	}
-	late, err := c.Add(ctx, init, []string{Addr(7)})
+	late, err := c.Add(ctx, seedInit, []string{Addr(7)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,17 +156,7 @@ func TestLateNodeGetsRingsWithoutPushPull(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	init := ipalloc.Init{Seeds: []ipalloc.PeerName{"node0000", "node0001", "node0002"}}
-	for i := range n {
-		var peers []string
-		if i > 0 {
-			peers = []string{Addr(0)}
-		}
-		if _, err := c.Add(ctx, init, peers); err != nil {
-			t.Fatal(err)
-		}
-	}
-	nodes := c.Nodes()
+	nodes := addSeeded(t, ctx, c, n)
 	allocate := func(nodes []*Node, tag string) {
 		t.Helper()
 		errs := make([]error, len(nodes))
@@ -198,7 +197,7 @@ func TestLateNodeGetsRingsWithoutPushPull(t *testing.T) {
 	}
 
 	c.Watch(c.NextName())
-	late, err := c.Add(ctx, init, []string{Addr(n / 2)})
+	late, err := c.Add(ctx, seedInit, []string{Addr(n / 2)})
 	if err != nil {
 		t.Fatal(err)
 	}
