@@ -12,6 +12,10 @@ type bridgeSeen struct {
 	Ports     int            // links attached to it; 0 when it does not exist
 	Addrs     []netip.Prefix // its IPv4 addresses
 	Neighbors []netip.Addr   // IPv4 neighbour entries that are (or were lately) answered
+	// Live are the Neighbors whose MAC the bridge has learnt on one of its
+	// ports: a pod that is there now. A deleted pod's neighbour entry
+	// outlives its veth (and so its forwarding entries) for minutes.
+	Live []netip.Addr
 }
 
 // foundAddrs picks the addresses in use on the bridge, in the pod range,

@@ -10,8 +10,10 @@ import (
 )
 
 // observeBridge reads the bridge named name in this process's network
-// namespace: its ports, its IPv4 addresses and its IPv4 neighbours that
-// are not failed or unresolved. A missing bridge is no error (zero ports).
+// namespace: its ports, its IPv4 addresses, its IPv4 neighbours that are
+// not failed or unresolved, and which of those have a MAC the bridge
+// learnt on a port (bridge fdb). A missing bridge is no error (zero
+// ports).
 func observeBridge(name string) (bridgeSeen, error) {
 	var seen bridgeSeen
 	br, err := netlink.LinkByName(name)
@@ -29,9 +31,20 @@ func observeBridge(name string) (bridgeSeen, error) {
 	if err != nil {
 		return seen, fmt.Errorf("listing links: %w", err)
 	}
+	learnt := map[string]bool{} // MACs the bridge learnt on its ports
 	for _, l := range links {
-		if l.Attrs().MasterIndex == idx {
-			seen.Ports++
+		if l.Attrs().MasterIndex != idx {
+			continue
+		}
+		seen.Ports++
+		fdb, err := netlink.NeighList(l.Attrs().Index, unix.AF_BRIDGE)
+		if err != nil {
+			return seen, fmt.Errorf("listing the forwarding entries of %s on bridge %s: %w", l.Attrs().Name, name, err)
+		}
+		for _, f := range fdb {
+			if f.State&unix.NUD_PERMANENT == 0 && f.LinkIndex == l.Attrs().Index {
+				learnt[f.HardwareAddr.String()] = true
+			}
 		}
 	}
 	addrs, err := netlink.AddrList(br, netlink.FAMILY_V4)
@@ -54,6 +67,9 @@ func observeBridge(name string) (bridgeSeen, error) {
 		}
 		if ip, ok := netip.AddrFromSlice(n.IP); ok {
 			seen.Neighbors = append(seen.Neighbors, ip.Unmap())
+			if learnt[n.HardwareAddr.String()] {
+				seen.Live = append(seen.Live, ip.Unmap())
+			}
 		}
 	}
 	return seen, nil

@@ -145,11 +145,22 @@ func (r *Router) reclaimFromBridge() {
 		r.log.Warn("cannot read the bridge to re-claim the addresses of its pods", "bridge", r.cfg.Bridge, "err", err)
 		return
 	}
+	lost := r.ipam.Stats().Allocated == 0
+	if !lost {
+		// The state holds allocations: an address it does not hold is a
+		// pod's only if that pod is behind a port now (one that got its
+		// address after a restored backup), not the lingering neighbour
+		// entry of a pod deleted before this start. With no state at all,
+		// every neighbour counts: a pod silent for longer than the
+		// bridge's ageing time has no forwarding entry, and must not lose
+		// its address to another.
+		seen.Neighbors = seen.Live
+	}
 	found := foundAddrs(r.cfg.Bridge, r.cfg.Universe, seen)
 	if len(found) == 0 {
 		return
 	}
-	if r.ipam.Stats().Allocated == 0 {
+	if lost {
 		r.log.Info("ipalloc: the state knows no allocation, but the bridge has pods: re-claiming their addresses once they are in this peer's ranges",
 			"bridge", r.cfg.Bridge, "ports", seen.Ports, "addresses", len(found))
 	}
