@@ -258,29 +258,53 @@ func (a *Allocator) Merge(in *Ring) (changed bool, err error) {
 	if err != nil || !changed {
 		return false, err
 	}
-	if lost := rangesMinus(a.ring.Owned(a.self), r.Owned(a.self)); len(lost) > 0 && (!a.frozen || len(a.byKey) > 0) {
-		var held []string
-		for _, al := range a.Allocations() {
+	if lost := rangesMinus(a.ring.Owned(a.self), r.Owned(a.self)); len(lost) > 0 {
+		// A frozen peer takes the ring's word on its ranges (its lost
+		// self may have given them), but never for a range in which it
+		// holds an address: that one it knows to be in use.
+		held := a.heldIn(lost)
+		if !a.frozen || len(held) > 0 {
+			owners := map[PeerName]bool{}
 			for _, rg := range lost {
-				if rg.Contains(al.Address) && len(held) < 5 {
-					held = append(held, fmt.Sprintf("%s (%s)", al.Address, al.Key))
+				if p, ok := r.Owner(rg.Start); ok {
+					owners[p] = true
 				}
 			}
+			shown := held[:min(len(held), 5)]
+			return false, fmt.Errorf("%w: it gives %v to %v, with %d of them in use here (%s); refused. "+
+				"If this peer was removed with 'weft rmpeer' while it was alive, or its state was restored from an older backup, "+
+				"stop it, remove its state and start it again",
+				ErrRangeTaken, lost, slices.Sorted(maps.Keys(owners)), len(held), strings.Join(shown, ", "))
 		}
-		owners := map[PeerName]bool{}
-		for _, rg := range lost {
-			if p, ok := r.Owner(rg.Start); ok {
-				owners[p] = true
-			}
-		}
-		return false, fmt.Errorf("%w: it gives %v to %v, with %d of them in use here (%s); refused. "+
-			"If this peer was removed with 'weft rmpeer' while it was alive, stop it, remove its state and start it again",
-			ErrRangeTaken, lost, slices.Sorted(maps.Keys(owners)), len(held), strings.Join(held, ", "))
 	}
 	if err := a.SetRing(r); err != nil {
 		return false, err
 	}
 	return true, nil
+}
+
+// heldIn lists the allocations in the ranges rgs, as "address (key)".
+func (a *Allocator) heldIn(rgs []Range) []string {
+	var out []string
+	for _, al := range a.Allocations() {
+		for _, rg := range rgs {
+			if rg.Contains(al.Address) {
+				out = append(out, fmt.Sprintf("%s (%s)", al.Address, al.Key))
+				break
+			}
+		}
+	}
+	return out
+}
+
+// lostBy returns the ranges this peer owns that it would not own once in
+// is merged (nil if in cannot be merged).
+func (a *Allocator) lostBy(in *Ring) []Range {
+	r := a.ring.Clone()
+	if changed, err := r.Merge(in); err != nil || !changed {
+		return nil
+	}
+	return rangesMinus(a.ring.Owned(a.self), r.Owned(a.self))
 }
 
 // GiveAway hands rg, which must be owned here and hold no allocation, to

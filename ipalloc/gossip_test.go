@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -108,4 +110,83 @@ func FuzzIPAMStateFrame(f *testing.F) {
 			}
 		}
 	})
+}
+
+// forgedState is a push-pull state from "evil" carrying e's saved ring
+// with the entry that holds addr changed by f.
+func forgedState(t testing.TB, e *svcEnv, addr Address, f func(*Entry)) []byte {
+	t.Helper()
+	r := e.svc.Snapshot().Ring.Clone()
+	i := r.index(addr)
+	if r.Entries[i].Peer != "self" {
+		t.Fatalf("setup: %s is in %+v", addr, r.Entries[i])
+	}
+	f(&r.Entries[i])
+	return AppendStateFrame(nil, "evil", EncodeMsg(&RingMsg{Ring: r}))
+}
+
+// TestForgedRingKeepsAllocations: a push-pull state that anyone who
+// reaches the gossip port without a password can send, showing this peer's
+// own entries changed as only its lost self could have (the signs of a
+// stale state), makes it drop no address its pods use and give none of
+// their ranges away; and unless the ring takes its ranges (as its
+// reclaimer's does), it goes on allocating. (FuzzIPAMStateFrame found
+// the first: a lone peer took such a ring for a sign of a restored backup,
+// dropped its allocation, and then took the ring that gave its range to
+// "evil".)
+func TestForgedRingKeepsAllocations(t *testing.T) {
+	for name, f := range map[string]func(*Entry){
+		"given to another at a donation's version": func(e *Entry) { e.Version += 2; e.Peer = "evil" },
+		"a newer version of its own entry":         func(e *Entry) { e.Version++; e.Free-- },
+		"the same version, another free count":     func(e *Entry) { e.Free-- },
+	} {
+		takes := strings.HasPrefix(name, "given")
+		for _, restarted := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/restarted=%v", name, restarted), func(t *testing.T) {
+				e, g, _ := gossipEnv(t)
+				pod := Key{ContainerID: "pod1", IfName: "eth0"}
+				held := heldAddr(t, e.svc.Snapshot(), pod)
+				if held == 0 {
+					t.Fatal("setup: no pod")
+				}
+				if restarted {
+					// A pod of the saved state, which the node shows in use.
+					e.restart()
+					g = NewGossip(e.svc, e.logger(), func() time.Time { return testNow })
+					if err := e.svc.HoldFound(map[Key]netip.Addr{pod: held.Addr()}); err != nil {
+						t.Fatal(err)
+					}
+				}
+				_ = g.MergeRemoteState(forgedState(t, e, held, f))
+				snap := e.svc.Snapshot()
+				if a := heldAddr(t, snap, pod); a != held {
+					t.Fatalf("after the forged ring: %s holds %s (had %s)\n%s", pod, a, held, e.log.String())
+				}
+				if o, _ := snap.Ring.Owner(held); o != "self" {
+					t.Fatalf("after the forged ring: its ring gives %s to %q", held, o)
+				}
+				if takes {
+					// A ring that takes its ranges is what its reclaimer
+					// sends: it allocates no more (removal_test.go).
+					// Without a password a liar can pose as one.
+					return
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				if _, _, err := e.svc.Allocate(ctx, Key{ContainerID: "pod2", IfName: "eth0"}, Meta{}); err != nil {
+					t.Fatalf("after the forged ring, an ADD: %v\n%s", err, e.log.String())
+				}
+			})
+		}
+	}
+}
+
+// heldAddr is the address snap holds for k (0: none).
+func heldAddr(t testing.TB, snap Snapshot, k Key) Address {
+	for _, al := range snap.Allocations {
+		if al.Key == k {
+			return al.Address
+		}
+	}
+	return 0
 }

@@ -106,43 +106,75 @@ func (p *Peer) checkStale(r *Ring, from string) {
 	if why == "" {
 		return
 	}
+	// What this peer knows to be in use stays held: the addresses it
+	// handed out since it started, and those the node shows in use by the
+	// pod they are saved for. Only the records that nothing but the saved
+	// state vouches for are dropped (a pod deleted after the backup; its
+	// range may have been given away since). A ring that takes a range
+	// holding a kept address is not taken for a sign of a stale state: it
+	// is refused (Allocator.Merge), as from any peer that lies, so that
+	// one forged ring makes no peer drop what its pods use, or hold back.
+	kept := func(al Allocation) bool {
+		if a, ok := p.nodeFound[al.Key]; ok && a == al.Address {
+			return true
+		}
+		return p.since[al.Key]
+	}
+	if lost := p.a.lostBy(r); len(lost) > 0 {
+		for _, al := range p.a.Allocations() {
+			for _, rg := range lost {
+				if rg.Contains(al.Address) && kept(al) {
+					p.event(true, "ipalloc: the ring from %s shows %s, as from this peer's lost self (a restored backup?), "+
+						"but it gives away %s, where %s holds %s, in use on this node: refused",
+						from, why, rg, al.Key, al.Address)
+					return
+				}
+			}
+		}
+	}
 	where := p.cfg.StateName
 	if where == "" {
 		where = "the saved state"
 	}
 	p.stale = fmt.Sprintf("the ring from %s shows %s", from, why)
+	dropped := 0
+	for _, al := range p.a.Allocations() {
+		if !kept(al) {
+			dropped++
+		}
+	}
 	p.event(true, "ipalloc: the state in %s is older than what peers know of this node (a restored backup?): %s. "+
-		"This peer now holds back as one whose state was lost: its %d saved allocations are dropped, it re-claims only the addresses "+
-		"its pods on the node still use, and it allocates once it has heard from every other owner of the ring and every live peer",
-		where, p.stale, len(p.a.byKey))
+		"This peer now holds back as one whose state was lost: of its %d allocations it keeps the %d in use on the node or handed out since it started, "+
+		"drops the %d others until it knows its ranges, and allocates once it has heard from every other owner of the ring and every live peer",
+		where, p.stale, len(p.a.byKey), len(p.a.byKey)-dropped, dropped)
 	p.a.frozen, p.a.noFree = true, false // no free count of its own from now on
-	// What it holds is dropped, and held again once its hold ends, in
-	// the ranges it really owns: what the node showed (HoldFound), what
-	// it handed out since it started, and its saved allocations.
+	// A saved record is held again once its hold ends, in the ranges it
+	// really owns, unless the node shows another pod using its address.
 	if p.found == nil {
 		p.found = map[Key]Address{}
 	}
 	for _, al := range p.a.Allocations() {
+		if kept(al) {
+			continue
+		}
 		if _, ok := p.a.Release(al.Key); ok {
 			p.rd.Allocs = append(p.rd.Allocs, AllocChange{Key: al.Key, Address: al.Address})
 		}
 		if _, ok := p.nodeFound[al.Key]; !ok {
 			// A pod of the saved state, which may still run (the node
-			// shows only the pods that talked to their gateway): held
-			// again too, unless the node shows another pod using it.
+			// shows only the pods that talked to their gateway).
 			p.found[al.Key] = al.Address
-			if !p.since[al.Key] {
-				if p.foundSaved == nil {
-					p.foundSaved = map[Key]bool{}
-				}
-				p.foundSaved[al.Key] = true
+			if p.foundSaved == nil {
+				p.foundSaved = map[Key]bool{}
 			}
+			p.foundSaved[al.Key] = true
 		}
 	}
 	for k, a := range p.nodeFound {
-		p.found[k] = a
+		if _, ok := p.a.Lookup(k); !ok {
+			p.found[k] = a
+		}
 	}
-	p.since = nil
 	// Its own entries that clash with its lost self's (the same version,
 	// other content) give way: the lost self's went out first.
 	own := p.a.Ring()

@@ -493,7 +493,8 @@ func (s *sim) explained(sp *simPeer, text string) bool {
 		}
 		return s.otherSeedsUp() && strings.Contains(text, "refused the ring from")
 	case strings.Contains(text, "is older than what peers know of this node"),
-		strings.Contains(text, "is held in the saved state (older than what the peers know)"):
+		strings.Contains(text, "is held in the saved state (older than what the peers know)"),
+		strings.Contains(text, "as from this peer's lost self (a restored backup?)"):
 		return sp.restored
 	case strings.Contains(text, "is removing this peer"), strings.Contains(text, "refused the ring from"),
 		strings.Contains(text, "takes ranges this peer owns"):
