@@ -41,6 +41,12 @@ var ErrLeft = errors.New("this peer has left the cluster (weft reset)")
 // ErrPodsHeld is returned by Leave without force while pods hold addresses.
 var ErrPodsHeld = errors.New("pods on this node still hold addresses")
 
+// ErrHolding is returned by Leave while this peer holds back (its start
+// hold, or a rejoin): it does not yet know which of its ranges it still
+// owns, and a handover of one its lost self gave away would clash with that
+// donation in every other peer's ring.
+var ErrHolding = errors.New("this peer holds back and does not yet know which ranges are its own")
+
 // ErrNoHeir is returned by Leave when no live peer can take the ranges.
 var ErrNoHeir = errors.New("no live peer to hand this peer's ranges to")
 
@@ -84,6 +90,14 @@ func (p *Peer) Leave(alive func(PeerName) bool, force bool) (LeaveResult, error)
 			return LeaveResult{}, fmt.Errorf("this peer is taking over the ranges of %s (rmpeer) and waits for %s: "+
 				"wait until that is done (weft status ipam), or rmpeer those peers too if they are gone", x, strings.Join(waiting, ", "))
 		}
+	}
+	if _, removed := p.removed[p.cfg.Self]; !removed && (p.startHold || p.rejoin) && !p.a.ring.Empty() {
+		why := p.startHoldStatus()
+		if why == "" {
+			why = p.rejoinStatus()
+		}
+		return LeaveResult{}, fmt.Errorf("%w (%s): it cannot hand its ranges to another peer yet, forced or not; "+
+			"wait until it allocates (weft status ipam), then run weft reset again", ErrHolding, why)
 	}
 	if !force {
 		var pods []string

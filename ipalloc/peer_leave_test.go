@@ -115,6 +115,10 @@ func TestPeerLeaveHeirOwnsLeast(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := p.Leave(everyone, false); !errors.Is(err, ErrHolding) {
+		t.Fatalf("Leave while it waits for the stranger's ring: %v", err)
+	}
+	p.rejoin, p.a.frozen = false, false // as if past its hold
 	if _, err := p.Leave(everyone, false); !errors.Is(err, ErrNoHeir) {
 		t.Fatalf("Leave with only a stranger about: %v", err)
 	}
@@ -239,6 +243,7 @@ func TestPeerLeaveChain(t *testing.T) {
 	// a leaves to b; b leaves to c before a's handover reaches it: b
 	// names c, and a hands over to c, which ends up with all of it.
 	c := newCluster(t, "10.32.0.0/24", seeded("a", "b", "c", "d"))
+	c.run(3) // the seed peers have heard from each other (ErrHolding before)
 	only := func(q PeerName) func(PeerName) bool { return func(p PeerName) bool { return p == q } }
 	if res, err := c.peers["a"].Leave(only("b"), false); err != nil || res.Heir != "b" {
 		t.Fatalf("a leaves: %+v, %v", res, err)

@@ -1026,7 +1026,7 @@ func (s *sim) leave(sp *simPeer) {
 			s.fail("%s left without an heir", sp.name)
 		}
 	case !force && pods > 0 && errors.Is(err, ErrPodsHeld),
-		errors.Is(err, ErrNoHeir),
+		errors.Is(err, ErrNoHeir), errors.Is(err, ErrHolding),
 		strings.Contains(err.Error(), "(rmpeer) and waits for"):
 		s.c.LeavesRefused++
 		s.tracef("%s: leave refused: %v", sp.name, err)

@@ -1,6 +1,7 @@
 package ipalloc
 
 import (
+	"errors"
 	"strings"
 	"testing"
 )
@@ -123,6 +124,13 @@ func TestStaleDiskAlone(t *testing.T) {
 	}
 	if st := b.Status().String(); !strings.Contains(st, "started with state") {
 		t.Errorf("b's status while cut off: %s", st)
+	}
+	// weft reset meanwhile, forced or not, hands nothing over: b may give
+	// the range its lost self gave the observer.
+	for _, force := range []bool{false, true} {
+		if _, err := b.Leave(func(PeerName) bool { return true }, force); !errors.Is(err, ErrHolding) || !strings.Contains(err.Error(), "started with state") {
+			t.Errorf("b's leave (force %v) in its start hold: %v, want ErrHolding", force, err)
+		}
 	}
 	clear(c.cut)
 	c.pushPull("a", "b")
