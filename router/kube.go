@@ -339,10 +339,9 @@ func kickReclaimOnPeerLoss(events <-chan mesh.Event, kick func()) {
 // deleting the Node has another router reclaim them.
 func (r *Router) takeOut() {
 	r.log.Info("kubernetes: this node is marked "+kube.ResetLabel+": taking it out of the cluster (as weft reset --force)", "node", r.cfg.NodeName)
-	alive := r.alivePeers()
 	ctx, cancel := context.WithTimeout(context.Background(), resetWait)
 	defer cancel()
-	res, err := r.ipam.Leave(ctx, func(p ipalloc.PeerName) bool { return alive[p] }, true)
+	res, err := r.leave(ctx, true)
 	r.setReady(false, "node marked "+kube.ResetLabel+": leaving the cluster")
 	if _, _, rerr := removeConfList(r.cfg.CNIConfDir); rerr != nil {
 		r.log.Error("kubernetes: could not remove the CNI config", "err", rerr)

@@ -376,6 +376,36 @@ func (l *localAPI) rmpeer(w http.ResponseWriter, req *http.Request) {
 	writeJSON(w, http.StatusOK, api.RmpeerResponse{Peer: string(name), Message: msg})
 }
 
+// leaveHoldPoll is how often leave asks again while the peer holds back.
+const leaveHoldPoll = 100 * time.Millisecond
+
+// leave is the allocator's Leave with the peers the mesh sees alive, asked
+// again (until ctx ends) while the peer still holds back after its start
+// (ipalloc.ErrHolding): that ends with one gossip exchange with its live
+// peers, well within a reset's wait, so a weft reset right after a restart
+// waits for it instead of failing.
+func (r *Router) leave(ctx context.Context, force bool) (ipalloc.LeaveResult, error) {
+	t := time.NewTicker(leaveHoldPoll)
+	defer t.Stop()
+	waited := false
+	for {
+		alive := r.alivePeers() // before the allocator's lock: the mesh calls into it
+		res, err := r.ipam.Leave(ctx, func(p ipalloc.PeerName) bool { return alive[p] }, force)
+		if !errors.Is(err, ipalloc.ErrHolding) {
+			return res, err
+		}
+		if !waited {
+			waited = true
+			r.log.Info("weft reset: waiting until this peer has heard the ring from its live peers (it still holds back after its start)", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return res, err
+		case <-t.C:
+		}
+	}
+}
+
 // reset takes this peer out of the cluster (weft reset): the allocator
 // hands every range to a live peer and waits for it to confirm; then the
 // CNI config goes at once (the runtime must stop sending pods here), and
@@ -385,10 +415,9 @@ func (l *localAPI) reset(w http.ResponseWriter, req *http.Request) {
 	if !decode(w, req, &in) {
 		return
 	}
-	alive := l.r.alivePeers() // before the allocator's lock: the mesh calls into it
 	ctx, cancel := context.WithTimeout(req.Context(), resetWait)
 	defer cancel()
-	res, err := l.r.ipam.Leave(ctx, func(p ipalloc.PeerName) bool { return alive[p] }, in.Force)
+	res, err := l.r.leave(ctx, in.Force)
 	if err != nil {
 		writeError(w, http.StatusConflict, api.CodeConflict, err.Error())
 		return

@@ -1,15 +1,20 @@
 package router
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/weft-net/weft/api"
 	"github.com/weft-net/weft/ipalloc"
@@ -153,4 +158,76 @@ func TestWriteIPAMReclaims(t *testing.T) {
 	if !strings.Contains(b.String(), "removing d: waiting for b, c to stop listening to it") {
 		t.Errorf("WriteIPAM:\n%s", b.String())
 	}
+}
+
+// TestResetWaitsForTheHold: weft reset on a peer that still holds back
+// after its start (it has not heard the ring from the peer it shares it
+// with) waits for the hold to end instead of handing over ranges it may
+// no longer own, and gives up with the reason at its deadline.
+func TestResetWaitsForTheHold(t *testing.T) {
+	c := validConfig(t)
+	c.IPAllocRange, c.Name, c.IPAllocInit = "10.32.0.0/24", "self", "seed=self,other"
+	v, err := c.Validate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log syncBuffer
+	r, err := New(v, slog.New(slog.NewTextHandler(&log, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.db.Close() })
+	r.netState = netState{host: netip.MustParseAddr("10.250.0.1"), mtu: 1440, gateway: netip.MustParsePrefix("10.32.0.1/24")}
+	if err := r.openIPAM(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(context.Background(), 3*leaveHoldPoll)
+	defer cancel()
+	if _, err := r.leave(short, true); !errors.Is(err, ipalloc.ErrHolding) {
+		t.Fatalf("reset in the hold, at its deadline: %v, want ErrHolding", err)
+	}
+	// The ring from the other seed ends the hold while a reset waits: the
+	// reset goes on (and finds no live heir: this router has no mesh).
+	ring := ipalloc.NewRing(ipalloc.RangeOf(netip.MustParsePrefix("10.32.0.0/24")))
+	if err := ring.ClaimEvenly([]ipalloc.PeerName{"self", "other"}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, err := r.leave(ctx, true)
+		done <- err
+	}()
+	for n := 0; strings.Count(log.String(), "weft reset: waiting until this peer has heard the ring") < 2; n++ {
+		select {
+		case err := <-done:
+			t.Fatalf("reset in the hold did not wait: %v", err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if err := r.ipam.Step("other", ipalloc.EncodeMsg(&ipalloc.RingMsg{Ring: ring})); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, ipalloc.ErrNoHeir) {
+		t.Fatalf("reset once the hold ended: %v, want ErrNoHeir", err)
+	}
+}
+
+// syncBuffer is a bytes.Buffer for a logger written from other goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
