@@ -475,6 +475,33 @@ func TestStatus(t *testing.T) {
 	}
 }
 
+// TestStatusUnresolvedTargets: targets the join loop has not resolved yet
+// (the peers joined this one before it tried them) are not counted as
+// failed connections when they are literal addresses of a live peer or of
+// this peer itself; a literal address that is no peer is. (An e2e test saw
+// "Connections: 5 (2 established)" for three live peers under load.)
+func TestStatusUnresolvedTargets(t *testing.T) {
+	c := newCluster(t)
+	ps := startN(t, c, 3)
+	defer closeAll(t, ps...)
+	m := ps[0].m
+	m.mu.Lock()
+	for _, spec := range []string{"10.0.0.1", "10.0.0.3", "10.0.0.9"} {
+		m.targets = append(m.targets, &target{spec: spec, source: "peers", host: spec, port: 6783})
+	}
+	m.mu.Unlock()
+	r := m.Report()
+	var failed []string
+	for _, c := range r.Connections {
+		if c.Outcome != "established" {
+			failed = append(failed, c.Address)
+		}
+	}
+	if r.Established != 2 || !slices.Equal(failed, []string{"10.0.0.9:6783"}) {
+		t.Errorf("connections %+v: established %d, failed %v; want 2 and only 10.0.0.9:6783", r.Connections, r.Established, failed)
+	}
+}
+
 // A peer that others report unreachable while this one still sees it
 // alive is suspect.
 func TestSuspectFromReports(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"io"
+	"net/netip"
 	"slices"
 	"text/tabwriter"
 	"time"
@@ -85,6 +86,12 @@ func (m *Mesh) connections(peers []Peer) []Connection {
 		matched := false
 		for _, a := range t.addrs {
 			matched = matched || known[a.String()]
+		}
+		if ip, err := netip.ParseAddr(t.host); err == nil && len(t.addrs) == 0 {
+			// An address not yet resolved by the join loop (the peers
+			// may have joined this one before it tried): it is literal.
+			a := netip.AddrPortFrom(ip.Unmap(), uint16(t.port))
+			matched = known[a.String()] || a == m.advertise
 		}
 		if matched {
 			continue
