@@ -1,7 +1,6 @@
 package router
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -12,11 +11,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/weft-net/weft/api"
+	"github.com/weft-net/weft/internal/syncbuf"
 	"github.com/weft-net/weft/ipalloc"
 )
 
@@ -171,7 +170,7 @@ func TestResetWaitsForTheHold(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var log syncBuffer
+	var log syncbuf.Buffer
 	r, err := New(v, slog.New(slog.NewTextHandler(&log, nil)))
 	if err != nil {
 		t.Fatal(err)
@@ -212,22 +211,4 @@ func TestResetWaitsForTheHold(t *testing.T) {
 	if err := <-done; !errors.Is(err, ipalloc.ErrNoHeir) {
 		t.Fatalf("reset once the hold ended: %v, want ErrNoHeir", err)
 	}
-}
-
-// syncBuffer is a bytes.Buffer for a logger written from other goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
