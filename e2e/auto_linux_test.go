@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -320,4 +321,119 @@ func TestAutoTrustedSubnets(t *testing.T) {
 	overVXLAN(t, ctx, c, a, b)
 	overVXLAN(t, ctx, c, b, a)
 	wantStatus(t, ctx, n0, n1, "vxlan (kernel)", "trusted", "trusted subnet")
+}
+
+// blockUnderlayVXLAN makes the underlay drop every VXLAN datagram between
+// the nodes (a firewall that does not know the port), or those that also
+// match more (e.g. "ip length > 1000": an MTU black hole), or lets them
+// pass again: a bridge-family rule on the underlay bridge, in the underlay
+// namespace.
+func blockUnderlayVXLAN(t *testing.T, ctx context.Context, c *Cluster, on bool, more ...string) {
+	t.Helper()
+	const table = "weftvxlanblock"
+	_, _ = c.Underlay.Exec(ctx, "nft", "delete", "table", "bridge", table)
+	if !on {
+		return
+	}
+	for _, cmd := range [][]string{
+		{"nft", "add", "table", "bridge", table},
+		{"nft", "add", "chain", "bridge", table, "vxdrop", "{ type filter hook forward priority 0 ; policy accept ; }"},
+		append(append([]string{"nft", "add", "rule", "bridge", table, "vxdrop", "udp", "dport", fmt.Sprint(tunnel.DefaultVXLANPort)}, more...), "drop"),
+	} {
+		if out, err := c.Underlay.Exec(ctx, cmd...); err != nil {
+			t.Fatalf("%v in the underlay: %s (%v)", cmd, out, err)
+		}
+	}
+}
+
+// TestAutoVXLANFallback: the underlay starts dropping the VXLAN port
+// under a continuous ping between pods of two auto nodes: both nodes'
+// probes go unanswered, each falls back to udp for the other (the
+// routes move to weft-tun), the ping goes on, the status says why and
+// the change is counted. Once the port passes again both go back to
+// vxlan after the hold.
+func TestAutoVXLANFallback(t *testing.T) {
+	c, ctx := startMeshCluster(t, 2)
+	waitModes(t, ctx, c, "vxlan")
+	n0, n1 := c.Nodes[0], c.Nodes[1]
+	p0, err := n0.AddPod(ctx, "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p1, err := n1.AddPod(ctx, "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Both paths have been answered before the block.
+	waitUntil(t, ctx, "both vxlan paths probed and answered", func() (bool, string) {
+		a, b := connLines(t, ctx, n0)[n1.PeerName], connLines(t, ctx, n1)[n0.PeerName]
+		return strings.Contains(a, "vxlan (kernel)") && strings.Contains(b, "vxlan (kernel)") && pathOK(ctx, n0, n1) && pathOK(ctx, n1, n0), a + " | " + b
+	})
+	f := startFlow(t, p0, p1)
+	f.waitReplies(t, ctx, "the ping over vxlan", 20)
+
+	blockUnderlayVXLAN(t, ctx, c, true)
+	t.Cleanup(func() { blockUnderlayVXLAN(t, context.Background(), c, false) })
+	blocked := time.Now()
+	waitUntil(t, ctx, "both nodes to fall back to udp", func() (bool, string) {
+		m0, err0 := dataModes(ctx, n0)
+		m1, err1 := dataModes(ctx, n1)
+		return m0[n1.PeerName] == "udp" && m1[n0.PeerName] == "udp", fmt.Sprintf("n0: %v %v, n1: %v %v", m0, err0, m1, err1)
+	})
+	t.Logf("both nodes on udp %s after the underlay began to drop UDP %d", time.Since(blocked).Round(100*time.Millisecond), tunnel.DefaultVXLANPort)
+	f.waitReplies(t, ctx, "the ping to go on over udp", 20)
+	if dev := routeDev(ctx, n0, p1.IP); dev != "weft-tun" {
+		t.Errorf("n0 routes %s through %q after the fallback, want weft-tun", p1.IP, dev)
+	}
+	wantStatus(t, ctx, n0, n1, "udp", "vxlan path down since", "no answer to 4 probes")
+	wantStatus(t, ctx, n1, n0, "udp", "vxlan path down since")
+	if out, err := n0.Weft(ctx, "status", "connections"); err == nil {
+		t.Logf("n0: weft status connections:\n%s", out)
+	}
+	if v, err := metricSamples(ctx, n0, "weft_tunnel_vxlan_path_changes_total"); err != nil || v[`to="down"`] < 1 {
+		t.Errorf("n0's weft_tunnel_vxlan_path_changes_total: %v (%v), want to=\"down\" counted", v, err)
+	}
+
+	blockUnderlayVXLAN(t, ctx, c, false)
+	waitUntil(t, ctx, "both nodes back on vxlan", func() (bool, string) {
+		m0, err0 := dataModes(ctx, n0)
+		m1, err1 := dataModes(ctx, n1)
+		return m0[n1.PeerName] == "vxlan" && m1[n0.PeerName] == "vxlan", fmt.Sprintf("n0: %v %v, n1: %v %v", m0, err0, m1, err1)
+	})
+	f.waitReplies(t, ctx, "the ping back on vxlan", 20)
+	sent, got := f.stop(t)
+	t.Logf("ping across the fallback and back: %d sent, %d received", sent, got)
+	if dev := routeDev(ctx, n0, p1.IP); dev != vxlanDev {
+		t.Errorf("n0 routes %s through %q after the recovery, want %s", p1.IP, dev, vxlanDev)
+	}
+	overVXLAN(t, ctx, c, p0, p1)
+
+	// An MTU black hole: the underlay drops the large VXLAN datagrams
+	// only, without an ICMP. The full-size probes go unanswered, the small
+	// ones are answered: down, and the reason says so.
+	blockUnderlayVXLAN(t, ctx, c, true, "ip", "length", ">", "1000")
+	waitUntil(t, ctx, "n0 to fall back to udp for the black hole", func() (bool, string) {
+		m0, err := dataModes(ctx, n0)
+		return m0[n1.PeerName] == "udp", fmt.Sprintf("n0: %v %v", m0, err)
+	})
+	wantStatus(t, ctx, n0, n1, "udp", "vxlan path down since", "bytes are lost while small ones pass")
+	blockUnderlayVXLAN(t, ctx, c, false)
+}
+
+// pathOK reports whether n's probes of o's vxlan path were answered.
+func pathOK(ctx context.Context, n, o *Node) bool {
+	data, err := n.HTTPGet(ctx, "/report")
+	if err != nil {
+		return false
+	}
+	var rep connReport
+	if err := json.Unmarshal(data, &rep); err != nil {
+		return false
+	}
+	for _, c := range rep.Router.Connections {
+		if c.Peer == o.PeerName {
+			return c.Path == "ok"
+		}
+	}
+	return false
 }

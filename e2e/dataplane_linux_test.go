@@ -21,6 +21,7 @@ type connReport struct {
 		Connections []struct {
 			Peer string `json:"peer"`
 			Mode string `json:"mode"`
+			Path string `json:"path"` // the vxlan path's health
 		} `json:"connections"`
 	} `json:"router"`
 }

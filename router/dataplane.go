@@ -233,7 +233,11 @@ type ConnReport struct {
 	// Reason says why this mode (tunnel.Connection.Reason): "no
 	// password", "encrypted: outside trusted subnets", "the peer has no
 	// vxlan", ...
-	Reason    string `json:"reason,omitempty"`
+	Reason string `json:"reason,omitempty"`
+	// Path is the health of the peer's vxlan path as the probes show it
+	// (tunnel.Connection.Path): "ok", "down since ...: why", "" where it
+	// is not probed.
+	Path      string `json:"path,omitempty"`
 	DataError string `json:"dataError,omitempty"`
 }
 
@@ -251,7 +255,7 @@ func (r *Router) connections() []ConnReport {
 		cr := ConnReport{Connection: c}
 		if p, ok := paths[string(c.Peer)]; ok && c.Peer != "" {
 			cr.Mode, cr.Kernel, cr.DataError = string(p.Mode), p.Kernel, p.Error
-			cr.Encrypted, cr.Trusted, cr.Reason = p.Encrypted, p.Trusted, p.Reason
+			cr.Encrypted, cr.Trusted, cr.Reason, cr.Path = p.Encrypted, p.Trusted, p.Reason, p.Path
 		}
 		out = append(out, cr)
 	}
@@ -267,7 +271,9 @@ func (r *Router) connections() []ConnReport {
 // or "-" when no data can be sent to the peer, encryption is encrypted,
 // unencrypted or trusted (unencrypted because the peer is in
 // --trusted-subnets), and reason why this data path ("no password",
-// "encrypted: outside trusted subnets", "the peer has no vxlan", ...).
+// "encrypted: outside trusted subnets", "the peer has no vxlan", "vxlan
+// path down since 10:02:03: no answer to 4 probes in a row", ...), and a
+// vxlan path that is down while it is used (--encap vxlan).
 func WriteConnections(w io.Writer, conns []ConnReport) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	for _, c := range conns {
@@ -303,6 +309,11 @@ func WriteConnections(w io.Writer, conns []ConnReport) error {
 		}
 		if c.Error != "" {
 			errs = append(errs, c.Error)
+		}
+		if c.Path != "" && c.Path != "ok" && !strings.Contains(c.Reason, c.Path) {
+			// Down (or not answered yet) while it is still used: --encap
+			// vxlan has nothing to fall back to.
+			errs = append(errs, "vxlan path "+c.Path)
 		}
 		if c.DataError != "" {
 			errs = append(errs, "data: "+c.DataError)

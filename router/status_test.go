@@ -182,23 +182,31 @@ func TestWriteConnectionsReason(t *testing.T) {
 			Mode: "vxlan", Kernel: true, Reason: "no password"},
 		{Connection: mesh.Connection{Address: "10.250.0.3:6783", Outcome: "established", State: "alive", Peer: "bb", Nick: "n2"},
 			Mode: "udp", Encrypted: true, Reason: "encrypted: outside trusted subnets"},
+		{Connection: mesh.Connection{Address: "10.250.0.4:6783", Outcome: "established", State: "alive", Peer: "cc", Nick: "n3"},
+			Mode: "udp", Reason: "vxlan path down since 10:02:03: no answer to 4 probes in a row", Path: "down since 10:02:03: no answer to 4 probes in a row"},
+		{Connection: mesh.Connection{Address: "10.250.0.5:6783", Outcome: "established", State: "alive", Peer: "dd", Nick: "n4"},
+			Mode: "vxlan", Kernel: true, Reason: "--encap vxlan, no password", Path: "down since 10:02:03: no answer to 4 probes in a row"},
 	}
 	var b strings.Builder
 	if err := WriteConnections(&b, conns); err != nil {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
-	if len(lines) != 2 {
-		t.Fatalf("%d lines, want 2:\n%s", len(lines), b.String())
+	if len(lines) != 4 {
+		t.Fatalf("%d lines, want 4:\n%s", len(lines), b.String())
 	}
-	for i, want := range [][]string{{"vxlan (kernel)", "unencrypted", "aa(n1)", "no password"}, {"udp", "encrypted", "bb(n2)", "encrypted: outside trusted subnets"}} {
+	for i, want := range [][]string{{"vxlan (kernel)", "unencrypted", "aa(n1)", "no password"}, {"udp", "encrypted", "bb(n2)", "encrypted: outside trusted subnets"},
+		{"udp", "cc(n3)", "vxlan path down since 10:02:03: no answer"}, {"vxlan (kernel)", "dd(n4)", "--encap vxlan, no password; vxlan path down since"}} {
 		for _, w := range want {
 			if !strings.Contains(lines[i], w) {
 				t.Errorf("line %d %q lacks %q", i, lines[i], w)
 			}
 		}
 	}
-	if got := encapSummary("auto", conns); got != "auto (udp: 1 peer, vxlan (kernel): 1 peer)" {
+	if strings.Count(lines[2], "vxlan path down") != 1 {
+		t.Errorf("line 2 %q names the path twice", lines[2])
+	}
+	if got := encapSummary("auto", conns[:2]); got != "auto (udp: 1 peer, vxlan (kernel): 1 peer)" {
 		t.Errorf("encapSummary = %q", got)
 	}
 }

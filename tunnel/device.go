@@ -99,6 +99,9 @@ type Config struct {
 	// VTEPs, with TUN set, makes vxlan available (its device is taken to
 	// exist) and keeps its neighbours and FDB entries.
 	VTEPs VTEPApplier
+	// Prober, with TUN and VTEPs set, probes the vxlan paths (nil: they
+	// are not probed). Without TUN, New opens the kernel's (probe_linux.go).
+	Prober PathProber
 }
 
 // RouteApplier makes the kernel's routes into the tunnel the wanted ones.
@@ -158,6 +161,11 @@ type Device struct {
 	// held: the VXLAN device's routes and entries found at start are
 	// kept until Settle (the mesh has not told of every peer yet).
 	held bool
+	// prober probes the vxlan paths (nil: not probed); health is what
+	// the probes showed, by peer name (probe.go).
+	prober     PathProber
+	health     map[string]*pathHealth
+	probeErrAt time.Time // the last warning about a probe not sent
 
 	closeOnce sync.Once
 	closeErr  error
@@ -181,6 +189,12 @@ type peerPath struct {
 	err    error  // why there is no mode
 	tunIdx int    // wire mode for packets that reach the TUN device, -1 if none
 	dst    [numWireModes]netip.AddrPort
+
+	// vxlan is the peer's VTEP when vxlan may be used with it (its
+	// entries are on the VXLAN device and its path is probed), also
+	// while auto sends it udp because the path is down; nil otherwise.
+	vxlan *VTEP
+	path  string // the vxlan path's health, for status ("" if not probed)
 
 	plain   bool           // plaintext both ways: encryption off, or a trusted peer
 	trusted bool           // encryption on, and the peer is in a trusted subnet
@@ -234,7 +248,7 @@ func New(cfg Config) (*Device, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	d := &Device{cfg: cfg, log: cfg.Logger, closed: make(chan struct{}), now: cfg.Now, sessions: map[string]*peerSession{}, held: true}
+	d := &Device{cfg: cfg, log: cfg.Logger, closed: make(chan struct{}), now: cfg.Now, sessions: map[string]*peerSession{}, held: true, health: map[string]*pathHealth{}}
 	if err := d.setupCrypto(); err != nil {
 		return nil, err
 	}
@@ -267,7 +281,7 @@ func New(cfg Config) (*Device, error) {
 				d.noVXLAN = "no VXLAN device"
 			}
 		case cfg.Mode == ModeVXLAN || cfg.Mode == ModeAuto:
-			d.vteps = cfg.VTEPs
+			d.vteps, d.prober = cfg.VTEPs, cfg.Prober
 			d.vtep = &VTEP{MAC: VTEPMAC(cfg.Self), Addr: cfg.Underlay, Port: cfg.VXLANPort, VNI: cfg.VNI}
 		}
 	}
@@ -426,7 +440,11 @@ type Connection struct {
 	// password", "trusted subnet") or why a faster one is not used
 	// ("encrypted: outside trusted subnets", "the peer has no vxlan").
 	Reason string `json:"reason,omitempty"`
-	Error  string `json:"error,omitempty"`
+	// Path is the health of the peer's vxlan path as the probes show it
+	// ("ok", "down since 10:02:03: no answer to 4 probes in a row"), ""
+	// where it is not probed.
+	Path  string `json:"path,omitempty"`
+	Error string `json:"error,omitempty"`
 }
 
 // Connections lists every peer's data path, sorted by name.
@@ -435,7 +453,7 @@ func (d *Device) Connections() []Connection {
 	out := make([]Connection, 0, len(s.peers))
 	for _, p := range s.peers {
 		c := Connection{Peer: p.Name, Mode: p.mode, Advertised: p.Encaps, Kernel: p.mode == ModeIPIP && d.kernel || p.mode == ModeVXLAN,
-			Encrypted: p.mode != "" && !p.plain && p.sess != nil, Trusted: p.trusted, Reason: p.why}
+			Encrypted: p.mode != "" && !p.plain && p.sess != nil, Trusted: p.trusted, Reason: p.why, Path: p.path}
 		if p.mode != "" {
 			c.Address = p.addr()
 		}
@@ -455,8 +473,15 @@ func (d *Device) Connections() []Connection {
 func (d *Device) SetPeers(peers []Peer) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	old := d.snap.Load()
 	d.peers = slices.Clone(peers)
+	return d.rebuildLocked()
+}
+
+// rebuildLocked makes the snapshot of the peers again (after a change of
+// the peers, or of a vxlan path's health), logs every change of mode and
+// applies the VXLAN device's entries and the routes that changed.
+func (d *Device) rebuildLocked() error {
+	old := d.snap.Load()
 	next := d.buildLocked(old.routes)
 	for name, p := range next.peers {
 		o := old.peers[name]
@@ -554,7 +579,7 @@ func (d *Device) buildLocked(routes *Table) *snapshot {
 		}
 		if pp.mode == ModeVXLAN {
 			v := *p.VTEP
-			pp.VTEP = &v
+			pp.VTEP, pp.vxlan = &v, &v
 		}
 		if pp.mode != "" {
 			pp.tunIdx = modeIndex(pp.mode)
@@ -578,11 +603,25 @@ func (d *Device) buildLocked(routes *Table) *snapshot {
 		_, clash := vtepEntries(s.peers)
 		for name, err := range clash {
 			p := s.peers[name]
-			p.mode, p.err, p.why, p.tunIdx, p.VTEP = "", err, "", -1, nil
+			p.mode, p.err, p.why, p.tunIdx, p.VTEP, p.vxlan = "", err, "", -1, nil, nil
 			if d.cfg.Mode == ModeAuto && d.canUDP(&p.Peer) {
 				// auto falls back to udp; the peer was sent vxlan, so
 				// it may be sent plaintext.
 				p.mode, p.err, p.why, p.tunIdx = ModeUDP, nil, "vxlan: "+err.Error(), idxUDP
+			}
+		}
+		for name, p := range s.peers {
+			if p.vxlan == nil || d.prober == nil {
+				continue
+			}
+			p.path = "not probed yet"
+			if h := d.health[name]; h != nil {
+				p.path = h.status()
+			}
+			if down := d.pathDownLocked(name); down != "" && d.cfg.Mode == ModeAuto && d.canUDP(&p.Peer) {
+				// The path does not carry: udp, plaintext as vxlan
+				// would have been; the entries stay for the probes.
+				p.mode, p.why, p.tunIdx = ModeUDP, "vxlan path "+down, idxUDP
 			}
 		}
 	}
@@ -853,6 +892,19 @@ func (d *Device) Run(ctx context.Context) error {
 		r++
 		wg.Go(func() { errc <- d.routineRecv(i, b, q) })
 	}
+	if d.prober != nil && d.vtep != nil {
+		pctx, stop := context.WithCancel(ctx)
+		defer stop()
+		wg.Go(func() {
+			if err := d.prober.Run(d.pathAnswered); err != nil {
+				if err := d.endErr("vxlan path probes", err); err != nil {
+					// The data plane goes on without probes.
+					d.log.Warn("the vxlan path probes stopped; paths are no longer checked", "err", err)
+				}
+			}
+		})
+		wg.Go(func() { d.routineProbe(pctx) })
+	}
 	var err error
 	select {
 	case <-ctx.Done():
@@ -887,6 +939,9 @@ func (d *Device) Close() error {
 		}
 		if d.vteps != nil {
 			errs = append(errs, d.vteps.Close())
+		}
+		if d.prober != nil {
+			errs = append(errs, d.prober.Close())
 		}
 		if d.cfg.Registerer != nil {
 			d.metrics.unregister(d.cfg.Registerer)

@@ -106,7 +106,8 @@ func (d *Device) openVXLAN() error {
 		return fmt.Errorf("opening netlink: %w", err)
 	}
 	mac := VTEPMAC(cfg.Self)
-	if _, err := EnsureKernelVXLAN(h, VXLANLink{Name: cfg.VXLANName, VNI: cfg.VNI, Port: cfg.VXLANPort, Local: cfg.Underlay, MTU: cfg.MTU, MAC: mac}); err != nil {
+	idx, err := EnsureKernelVXLAN(h, VXLANLink{Name: cfg.VXLANName, VNI: cfg.VNI, Port: cfg.VXLANPort, Local: cfg.Underlay, MTU: cfg.MTU, MAC: mac})
+	if err != nil {
 		h.Close()
 		if cfg.Mode == ModeAuto {
 			return err
@@ -115,6 +116,17 @@ func (d *Device) openVXLAN() error {
 	}
 	d.vteps = NewVTEPApplier(h, cfg.VXLANName)
 	d.vtep = &VTEP{MAC: mac, Addr: cfg.Underlay, Port: cfg.VXLANPort, VNI: cfg.VNI}
+	p, err := NewARPProber(idx, cfg.VXLANName, mac, cfg.Underlay)
+	if err != nil {
+		// vxlan works without; only a path that stops carrying goes
+		// unnoticed.
+		d.log.Warn("the vxlan paths are not probed: a path that stops carrying is not noticed", "err", err)
+		return nil
+	}
+	d.prober = p
+	if p.AnswersItself() {
+		d.log.Info("arp_ignore is above 0 on this node, so its kernel does not answer the peers' vxlan path probes: the router answers them (while it runs)")
+	}
 	return nil
 }
 

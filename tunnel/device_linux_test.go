@@ -212,28 +212,34 @@ func TestKernelPing(t *testing.T) {
 	}
 }
 
-// TestKernelPathMTU: with a TUN MTU (1500) above what udp leaves on a
-// 1500 underlay (1440), a DF packet that does not fit gets an ICMP
-// "fragmentation needed" with 1440 from the tunnel, the pod's kernel
-// learns the path MTU, and packets of that size then go through.
+// TestKernelPathMTU: with a TUN MTU (1500) above what the mode leaves on
+// a 1500 underlay (udp 1440, userspace ipip 1480), a DF packet that does
+// not fit gets an ICMP "fragmentation needed" with that MTU from the
+// tunnel, the pod's kernel learns the path MTU, and packets of that size
+// then go through. (vxlan: TestKernelVXLANPathMTU.)
 func TestKernelPathMTU(t *testing.T) {
-	p := newPair(t, 1500)
-	ds := startDevices(t, p, ModeUDP, 1500, 1500)
-	a, b := p.Nodes[0], p.Nodes[1]
-	out, _ := a.Pod.Exec(context.Background(), "ping", "-c", "2", "-i", "0.2", "-W", "1", "-M", "do", "-s", "1460", b.PodAddr.String())
-	if !strings.Contains(string(out), "mtu = 1440") && !strings.Contains(string(out), "mtu=1440") {
-		t.Errorf("ping of 1488 bytes with DF: no word of mtu 1440:\n%s", out)
-	}
-	route, err := a.Pod.Exec(context.Background(), "ip", "route", "get", b.PodAddr.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(string(route), "mtu 1440") {
-		t.Errorf("the pod did not learn the path MTU:\n%s", route)
-	}
-	ping(t, a.Pod, b.PodAddr, ds[:], "-M", "do", "-s", "1412")
-	if n := value(ds[0].metrics.icmp); n < 1 {
-		t.Errorf("%v ICMP sent", n)
+	for _, mode := range []Mode{ModeUDP, ModeIPIP} {
+		t.Run(string(mode), func(t *testing.T) {
+			p := newPair(t, 1500)
+			ds := startDevices(t, p, mode, 1500, 1500)
+			a, b := p.Nodes[0], p.Nodes[1]
+			mtu := strconv.Itoa(1500 - overheads[mode])
+			out, _ := a.Pod.Exec(context.Background(), "ping", "-c", "2", "-i", "0.2", "-W", "1", "-M", "do", "-s", "1460", b.PodAddr.String())
+			if !strings.Contains(string(out), "mtu = "+mtu) && !strings.Contains(string(out), "mtu="+mtu) {
+				t.Errorf("ping of 1488 bytes with DF: no word of mtu %s:\n%s", mtu, out)
+			}
+			route, err := a.Pod.Exec(context.Background(), "ip", "route", "get", b.PodAddr.String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(string(route), "mtu "+mtu) {
+				t.Errorf("the pod did not learn the path MTU %s:\n%s", mtu, route)
+			}
+			ping(t, a.Pod, b.PodAddr, ds[:], "-M", "do", "-s", strconv.Itoa(1500-overheads[mode]-28))
+			if n := value(ds[0].metrics.icmp); n < 1 {
+				t.Errorf("%v ICMP sent", n)
+			}
+		})
 	}
 }
 

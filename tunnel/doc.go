@@ -38,7 +38,10 @@
 // password, auto makes weft-vx only if this node is inside them too), and
 // vxlan only towards a VTEP of the same port and VNI. The choice and its
 // reason are logged, shown by Connections (Reason) and exported as
-// weft_tunnel_peer_mode.
+// weft_tunnel_peer_mode. Every vxlan path is probed once a second
+// (probe.go: ARP probes through weft-vx, answered by the peer's kernel);
+// auto sends udp to a peer whose path stopped answering and takes it back
+// after a hold.
 //
 // # Encryption
 //

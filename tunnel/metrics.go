@@ -74,14 +74,17 @@ func modeIndex(m Mode) int {
 // metrics are the tunnel's Prometheus collectors. The hot path counts in a
 // per-goroutine tally and adds it here once per batch.
 type metrics struct {
-	packets   *prometheus.CounterVec // direction, mode
-	bytes     *prometheus.CounterVec // direction, mode
-	dropped   *prometheus.CounterVec // reason
-	icmp      prometheus.Counter
-	peerMode  *prometheus.GaugeVec // peer, mode
-	pkt, byt  [numDirs][numWireModes]prometheus.Counter
-	drop      [numDropReasons]prometheus.Counter
-	collected []prometheus.Collector
+	packets  *prometheus.CounterVec // direction, mode
+	bytes    *prometheus.CounterVec // direction, mode
+	dropped  *prometheus.CounterVec // reason
+	icmp     prometheus.Counter
+	peerMode *prometheus.GaugeVec // peer, mode
+	// pathUp and pathChanges: the vxlan path probes (probe.go).
+	pathUp      *prometheus.GaugeVec   // peer
+	pathChanges *prometheus.CounterVec // to: down, up
+	pkt, byt    [numDirs][numWireModes]prometheus.Counter
+	drop        [numDropReasons]prometheus.Counter
+	collected   []prometheus.Collector
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -106,6 +109,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "weft_tunnel_peer_mode",
 			Help: "1 for the encapsulation mode used to send to each peer (mode \"none\" when the peer has no mode in common).",
 		}, []string{"peer", "mode"}),
+		pathUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "weft_tunnel_vxlan_path_up",
+			Help: "1 while the probes of the vxlan path to a peer are answered, 0 while it is down (auto then sends the peer udp).",
+		}, []string{"peer"}),
+		pathChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "weft_tunnel_vxlan_path_changes_total",
+			Help: "Changes of a peer's vxlan path, by what it became (down: the probes went unanswered; up: answered again after the hold).",
+		}, []string{"to"}),
 	}
 	for d := range numDirs {
 		for i, mode := range wireModes {
@@ -116,7 +127,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for r := range numDropReasons {
 		m.drop[r] = m.dropped.WithLabelValues(dropReasonNames[r])
 	}
-	cs := []prometheus.Collector{m.packets, m.bytes, m.dropped, m.icmp, m.peerMode}
+	cs := []prometheus.Collector{m.packets, m.bytes, m.dropped, m.icmp, m.peerMode, m.pathUp, m.pathChanges}
 	if err := promreg.Register(reg, cs...); err != nil {
 		return nil, err
 	}

@@ -201,34 +201,35 @@ func vxlanPeerError(self VTEP, p Peer) error {
 	return nil
 }
 
-// vtepEntries is the entries of the peers sent to with vxlan, and the
+// vtepEntries is the entries of the peers vxlan may be used with (sent
+// to with vxlan, or probed while auto sends them udp), and the
 // names of those left out because another peer claims the same address or
 // MAC (both are left out: which one is right cannot be told).
 func vtepEntries(peers map[string]*peerPath) ([]VTEPEntry, map[string]error) {
 	byAddr, byMAC := map[netip.Addr][]string{}, map[[6]byte][]string{}
 	for name, p := range peers {
-		if p.mode == ModeVXLAN {
-			byAddr[p.VTEP.Addr] = append(byAddr[p.VTEP.Addr], name)
-			byMAC[p.VTEP.MAC] = append(byMAC[p.VTEP.MAC], name)
+		if p.vxlan != nil {
+			byAddr[p.vxlan.Addr] = append(byAddr[p.vxlan.Addr], name)
+			byMAC[p.vxlan.MAC] = append(byMAC[p.vxlan.MAC], name)
 		}
 	}
 	var out []VTEPEntry
 	clash := map[string]error{}
 	for name, p := range peers {
-		if p.mode != ModeVXLAN {
+		if p.vxlan == nil {
 			continue
 		}
-		if o := byAddr[p.VTEP.Addr]; len(o) > 1 {
+		if o := byAddr[p.vxlan.Addr]; len(o) > 1 {
 			slices.Sort(o)
-			clash[name] = fmt.Errorf("peers %v advertise the same VTEP address %s", o, p.VTEP.Addr)
+			clash[name] = fmt.Errorf("peers %v advertise the same VTEP address %s", o, p.vxlan.Addr)
 			continue
 		}
-		if o := byMAC[p.VTEP.MAC]; len(o) > 1 {
+		if o := byMAC[p.vxlan.MAC]; len(o) > 1 {
 			slices.Sort(o)
-			clash[name] = fmt.Errorf("peers %v advertise the same VTEP MAC %s", o, net.HardwareAddr(p.VTEP.MAC[:]))
+			clash[name] = fmt.Errorf("peers %v advertise the same VTEP MAC %s", o, net.HardwareAddr(p.vxlan.MAC[:]))
 			continue
 		}
-		out = append(out, VTEPEntry{Addr: p.VTEP.Addr, MAC: p.VTEP.MAC, Dst: p.Underlay})
+		out = append(out, VTEPEntry{Addr: p.vxlan.Addr, MAC: p.vxlan.MAC, Dst: p.Underlay})
 	}
 	slices.SortFunc(out, compareVTEPEntries)
 	return out, clash

@@ -302,3 +302,29 @@ func TestKernelVXLANReplacesIncompatible(t *testing.T) {
 		t.Errorf("RemoveKernelVXLAN of no device: %v", err)
 	}
 }
+
+// TestKernelVXLANPathMTU: PMTU on the vxlan path. With pods whose MTU
+// (1500) is above the VXLAN device's (1450, what a 1500 underlay leaves),
+// a DF packet that does not fit gets an ICMP "fragmentation needed" with
+// 1450 from the node's kernel (the route through weft-vx has its MTU),
+// the pod learns the path MTU, and packets of that size then go through:
+// TCP between pods never stalls on it.
+func TestKernelVXLANPathMTU(t *testing.T) {
+	mtu := netnstest.UnderlayMTU - Overhead(ModeVXLAN)
+	p := newPair(t, netnstest.UnderlayMTU)
+	a, b := p.Nodes[0], p.Nodes[1]
+	da, db := startVXLAN(t, a, mtu), startVXLAN(t, b, mtu)
+	wireVXLAN(t, p, da, db)
+	ds := []*Device{da.Device, db.Device}
+	ping(t, a.Pod, b.PodAddr, ds)
+	out, _ := a.Pod.Exec(context.Background(), "ping", "-c", "2", "-i", "0.2", "-W", "1", "-M", "do", "-s", "1460", b.PodAddr.String())
+	want := strconv.Itoa(mtu)
+	if !strings.Contains(string(out), "mtu = "+want) && !strings.Contains(string(out), "mtu="+want) {
+		t.Errorf("ping of 1488 bytes with DF over vxlan: no word of mtu %s:\n%s", want, out)
+	}
+	route := show(t, a.Pod, "ip", "route", "get", b.PodAddr.String())
+	if !strings.Contains(route, "mtu "+want) {
+		t.Errorf("the pod did not learn the path MTU %s:\n%s", want, route)
+	}
+	ping(t, a.Pod, b.PodAddr, ds, "-M", "do", "-s", strconv.Itoa(mtu-28))
+}

@@ -1,0 +1,195 @@
+package tunnel
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// ARP, as the probes use it (RFC 826; the probe form of RFC 5227).
+const (
+	etherTypeARP = 0x0806
+	arpLen       = 28 // htype 2, ptype 2, hlen 1, plen 1, op 2, sha 6, spa 4, tha 6, tpa 4
+	arpRequest   = 1
+	arpReply     = 2
+)
+
+// ARPProber is the kernel's PathProber: an AF_PACKET socket on the VXLAN
+// device that sends ARP probes to the peers' VTEPs and reads the answers.
+// Where this node's kernel does not answer its peers' probes itself
+// (arp_ignore above 0: it answers only for addresses on the device the
+// request came in by, and the underlay address is not on the VXLAN
+// device), the prober answers them, so that its peers see the path as
+// it is; those answers stop while the router is down.
+type ARPProber struct {
+	f      *os.File
+	ifidx  int
+	mac    [6]byte // this node's VTEP MAC
+	self   netip.Addr
+	answer bool // answer the peers' probes in userspace
+
+	mu     sync.Mutex
+	buf    []byte
+	closed bool
+}
+
+// NewARPProber opens the prober on the device of index ifidx, whose MAC
+// is mac, in the calling thread's network namespace; self is this node's
+// VTEP address (what peers probe for).
+func NewARPProber(ifidx int, dev string, mac [6]byte, self netip.Addr) (*ARPProber, error) {
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, int(htons(etherTypeARP)))
+	if err != nil {
+		return nil, fmt.Errorf("opening the vxlan path prober (an AF_PACKET socket needs CAP_NET_RAW): %w", err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(etherTypeARP), Ifindex: ifidx}); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("binding the vxlan path prober to %s: %w", dev, err)
+	}
+	p := &ARPProber{f: os.NewFile(uintptr(fd), "arp-probe:"+dev), ifidx: ifidx, mac: mac, self: self}
+	p.answer = arpIgnore(dev) > 0
+	return p, nil
+}
+
+// AnswersItself reports whether the prober answers the peers' probes
+// (the kernel does not: arp_ignore).
+func (p *ARPProber) AnswersItself() bool { return p.answer }
+
+// arpIgnore is the kernel's arp_ignore for dev: the larger of all's and
+// dev's (ip-sysctl.rst). An unreadable value counts as 0.
+func arpIgnore(dev string) int {
+	v := 0
+	for _, c := range []string{"all", dev} {
+		b, err := os.ReadFile("/proc/sys/net/ipv4/conf/" + c + "/arp_ignore")
+		if err != nil {
+			continue
+		}
+		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+			v = max(v, n)
+		}
+	}
+	return v
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// appendARP appends an ARP frame (Ethernet header and ARP) to b.
+func appendARP(b []byte, dst, src [6]byte, op uint16, sha [6]byte, spa netip.Addr, tha [6]byte, tpa netip.Addr) []byte {
+	b = append(b, dst[:]...)
+	b = append(b, src[:]...)
+	b = binary.BigEndian.AppendUint16(b, etherTypeARP)
+	b = append(b, 0, 1, 8, 0, 6, 4) // Ethernet, IPv4
+	b = binary.BigEndian.AppendUint16(b, op)
+	b = append(b, sha[:]...)
+	spa4, tpa4 := spa.As4(), tpa.As4()
+	b = append(b, spa4[:]...)
+	b = append(b, tha[:]...)
+	return append(b, tpa4[:]...)
+}
+
+// Probe sends an ARP probe (sender address 0.0.0.0) for e's VTEP address
+// to e's MAC, padded with zeros to size bytes.
+func (p *ARPProber) Probe(e VTEPEntry, size int) error {
+	if !e.Addr.Is4() {
+		return fmt.Errorf("probing %s: not an IPv4 VTEP", e.Addr)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return os.ErrClosed
+	}
+	b := appendARP(p.buf[:0], e.MAC, p.mac, arpRequest, p.mac, netip.IPv4Unspecified(), [6]byte{}, e.Addr)
+	for len(b) < size {
+		b = append(b, 0)
+	}
+	p.buf = b
+	return p.send(b, e.MAC)
+}
+
+func (p *ARPProber) send(b []byte, to [6]byte) error {
+	rc, err := p.f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	sa := &unix.SockaddrLinklayer{Protocol: htons(etherTypeARP), Ifindex: p.ifidx, Halen: 6}
+	copy(sa.Addr[:], to[:])
+	var serr error
+	err = rc.Write(func(fd uintptr) bool {
+		serr = unix.Sendto(int(fd), b, 0, sa)
+		return serr != unix.EAGAIN
+	})
+	return errors.Join(err, serr)
+}
+
+// Run reads ARP frames until Close: answers to this node's probes go to
+// answered; the peers' probes of this node are answered here if the
+// kernel does not.
+func (p *ARPProber) Run(answered func(mac [6]byte, addr netip.Addr)) error {
+	rc, err := p.f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	buf := make([]byte, 2048)
+	for {
+		var n int
+		var from unix.Sockaddr
+		var rerr error
+		err := rc.Read(func(fd uintptr) bool {
+			n, from, rerr = unix.Recvfrom(int(fd), buf, 0)
+			return rerr != unix.EAGAIN
+		})
+		if err != nil {
+			if errors.Is(err, os.ErrClosed) {
+				return nil
+			}
+			return err
+		}
+		if rerr != nil {
+			return rerr
+		}
+		if ll, ok := from.(*unix.SockaddrLinklayer); ok && ll.Pkttype == unix.PACKET_OUTGOING {
+			continue
+		}
+		p.handle(buf[:n], answered)
+	}
+}
+
+// handle reads one frame; anything that is not a well-formed ARP probe or
+// answer of the VXLAN paths is ignored. It never panics.
+func (p *ARPProber) handle(b []byte, answered func(mac [6]byte, addr netip.Addr)) {
+	if len(b) < EthernetHeaderLen+arpLen || binary.BigEndian.Uint16(b[12:14]) != etherTypeARP {
+		return
+	}
+	a := b[EthernetHeaderLen:]
+	if binary.BigEndian.Uint16(a[0:2]) != 1 || binary.BigEndian.Uint16(a[2:4]) != 0x0800 || a[4] != 6 || a[5] != 4 {
+		return
+	}
+	op := binary.BigEndian.Uint16(a[6:8])
+	sha, spa := [6]byte(a[8:14]), netip.AddrFrom4([4]byte(a[14:18]))
+	tha, tpa := [6]byte(a[18:24]), netip.AddrFrom4([4]byte(a[24:28]))
+	switch {
+	case op == arpReply && tha == p.mac && [6]byte(b[0:6]) == p.mac:
+		answered(sha, spa)
+	case op == arpRequest && p.answer && spa.IsUnspecified() && tpa == p.self && sha != p.mac:
+		reply := appendARP(nil, sha, p.mac, arpReply, p.mac, p.self, sha, netip.IPv4Unspecified())
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if !p.closed {
+			_ = p.send(reply, sha) // a lost answer is a lost probe
+		}
+	}
+}
+
+// Close closes the socket, which ends Run.
+func (p *ARPProber) Close() error {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	return p.f.Close()
+}
