@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -12,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -110,6 +113,105 @@ func vxlanEntries(ctx context.Context, n *Node) string {
 	return b.String()
 }
 
+// tcpFlow is one TCP connection between two pods that carries a small
+// message every 20 ms and its echo: a connection that a broken path or a
+// reset would end.
+type tcpFlow struct {
+	from, to *Pod
+	trips    atomic.Int64 // messages echoed
+	done     chan error
+	stopc    chan struct{}
+	conn     net.Conn
+	ln       net.Listener
+}
+
+// startTCPFlow opens the connection (the sockets are made in the pods'
+// namespaces) and starts the messages.
+func startTCPFlow(t *testing.T, ctx context.Context, from, to *Pod) *tcpFlow {
+	t.Helper()
+	f := &tcpFlow{from: from, to: to, done: make(chan error, 1), stopc: make(chan struct{})}
+	if err := to.NS.Do(func() (err error) {
+		f.ln, err = net.Listen("tcp", netip.AddrPortFrom(to.IP, 5202).String())
+		return err
+	}); err != nil {
+		t.Fatalf("listening in %s: %v", to, err)
+	}
+	go func() {
+		c, err := f.ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		io.Copy(c, c) // echo until the client closes
+	}()
+	if err := from.NS.Do(func() (err error) {
+		d := net.Dialer{Timeout: 10 * time.Second}
+		f.conn, err = d.DialContext(ctx, "tcp", netip.AddrPortFrom(to.IP, 5202).String())
+		return err
+	}); err != nil {
+		f.ln.Close()
+		t.Fatalf("connecting from %s to %s: %v", from, to, err)
+	}
+	go func() {
+		msg, back := make([]byte, 64), make([]byte, 64)
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-f.stopc:
+				f.done <- nil
+				return
+			case <-tick.C:
+			}
+			// A message must come back within 30 s: TCP retransmits
+			// across a short outage, a reset or a dead path ends it.
+			f.conn.SetDeadline(time.Now().Add(30 * time.Second))
+			if _, err := f.conn.Write(msg); err != nil {
+				f.done <- err
+				return
+			}
+			if _, err := io.ReadFull(f.conn, back); err != nil {
+				f.done <- err
+				return
+			}
+			f.trips.Add(1)
+		}
+	}()
+	t.Cleanup(func() { f.conn.Close(); f.ln.Close() })
+	return f
+}
+
+// waitTrips waits until n more messages went there and back.
+func (f *tcpFlow) waitTrips(t *testing.T, ctx context.Context, what string, n int64) {
+	t.Helper()
+	base := f.trips.Load()
+	waitUntil(t, ctx, what, func() (bool, string) {
+		select {
+		case err := <-f.done:
+			f.done <- err
+			return true, ""
+		default:
+		}
+		got := f.trips.Load() - base
+		return got >= n, fmt.Sprintf("%d of %d messages echoed", got, n)
+	})
+	select {
+	case err := <-f.done:
+		t.Fatalf("the TCP connection %s -> %s ended: %v", f.from, f.to, err)
+	default:
+	}
+}
+
+// stop ends the messages; the connection must not have failed.
+func (f *tcpFlow) stop(t *testing.T) int64 {
+	t.Helper()
+	close(f.stopc)
+	if err := <-f.done; err != nil {
+		t.Errorf("the TCP connection %s -> %s failed: %v", f.from, f.to, err)
+	}
+	return f.trips.Load()
+}
+
 // TestVXLAN: three nodes with --encap vxlan. Every pod reaches every other
 // pod and every node through the kernel's VXLAN device (a route, a
 // permanent neighbour and an FDB entry per peer), TCP crosses intact; the
@@ -174,9 +276,12 @@ func TestVXLAN(t *testing.T) {
 		}
 	}
 
-	// kill -9 of n2's router under a ping from n0 to n2.
+	// kill -9 of n2's router under a ping and a TCP connection from n0
+	// to n2.
 	f := startFlow(t, pods[0], pods[4])
 	f.waitReplies(t, ctx, "the ping to answer", 20)
+	tf := startTCPFlow(t, ctx, pods[0], pods[4])
+	tf.waitTrips(t, ctx, "the TCP connection to carry", 10)
 	if err := n2.Router().Kill(); err != nil {
 		t.Fatal(err)
 	}
@@ -187,8 +292,11 @@ func TestVXLAN(t *testing.T) {
 			t.Errorf("with n2's router dead: %v\n%s", err, vxlanEntries(ctx, n2))
 		}
 	}
+	tf.waitTrips(t, ctx, "the TCP connection to go on while n2 has no router", 20)
 	restartVXLANRouter(t, ctx, c, n2)
 	f.waitReplies(t, ctx, "the ping to go on after n2's router is back", 40)
+	tf.waitTrips(t, ctx, "the TCP connection to go on after n2's router is back", 20)
+	t.Logf("kill -9 of n2's router: the TCP connection %s -> %s carried %d messages across it", tf.from, tf.to, tf.stop(t))
 	sent, got := f.stop(t)
 	t.Logf("kill -9 of n2's router: ping %s -> %s every 50 ms: %d sent, %d received, %d lost", f.from, f.to, sent, got, sent-got)
 	if lost := sent - got; lost > 5 {
