@@ -244,6 +244,23 @@ func TestAutoFallsBackWhenThePathIsDown(t *testing.T) {
 	if got := value(d.metrics.pathChanges.WithLabelValues("down")); got != 1 {
 		t.Errorf("path changes to down = %v, want 1", got)
 	}
+	// A peer that claims the VTEP of one whose path is down clashes with
+	// it all the same: neither gets entries.
+	clash := pc
+	cv := *pc.VTEP
+	cv.Addr = pb.VTEP.Addr
+	clash.VTEP = &cv
+	if err := d.SetPeers([]Peer{pb, clash}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"b", "c"} {
+		if c := connOf(d, name); c.Mode != ModeUDP || !strings.Contains(c.Reason, "same VTEP address") {
+			t.Errorf("%s with c claiming b's VTEP: %+v, want udp for the clash", name, c)
+		}
+	}
+	if err := d.SetPeers([]Peer{pb, pc}); err != nil {
+		t.Fatal(err)
+	}
 	// Probes go on while it is down; answered again, it comes back after
 	// the hold.
 	n := len(p.sent())
@@ -304,5 +321,40 @@ func TestVXLANModeReportsADownPath(t *testing.T) {
 	}
 	if dev := routeDevOf(rt, "b"); dev != DefaultVXLANName {
 		t.Errorf("b's range routed through %q, want %s", dev, DefaultVXLANName)
+	}
+}
+
+// TestPathAnswerMustMatch: an answer counts only from the MAC and address
+// of the VTEP that was probed, and only while a probe is out.
+func TestPathAnswerMustMatch(t *testing.T) {
+	d, p, _, _ := newProbedNode(t, ModeAuto)
+	if err := d.SetPeers([]Peer{autoPeer(t, "b")}); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1_000_000, 0)
+	d.probeRound(now)
+	if len(p.sent()) != 1 {
+		t.Fatalf("%d probes, want 1", len(p.sent()))
+	}
+	got := func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return d.health["b"].got
+	}
+	d.pathAnswered(VTEPMAC("c"), underlayOf("b"))
+	d.pathAnswered(VTEPMAC("b"), underlayOf("c"))
+	if got() {
+		t.Fatal("an answer from another MAC or address counted")
+	}
+	d.pathAnswered(VTEPMAC("b"), underlayOf("b"))
+	if !got() {
+		t.Fatal("the answer of b did not count")
+	}
+	d.mu.Lock()
+	d.health["b"].sent, d.health["b"].got = false, false
+	d.mu.Unlock()
+	d.pathAnswered(VTEPMAC("b"), underlayOf("b"))
+	if got() {
+		t.Error("an answer with no probe out counted")
 	}
 }
