@@ -375,11 +375,7 @@ func TestAutoVXLANFallback(t *testing.T) {
 	blockUnderlayVXLAN(t, ctx, c, true)
 	t.Cleanup(func() { blockUnderlayVXLAN(t, context.Background(), c, false) })
 	blocked := time.Now()
-	waitUntil(t, ctx, "both nodes to fall back to udp", func() (bool, string) {
-		m0, err0 := dataModes(ctx, n0)
-		m1, err1 := dataModes(ctx, n1)
-		return m0[n1.PeerName] == "udp" && m1[n0.PeerName] == "udp", fmt.Sprintf("n0: %v %v, n1: %v %v", m0, err0, m1, err1)
-	})
+	waitPairMode(t, ctx, n0, n1, "udp")
 	t.Logf("both nodes on udp %s after the underlay began to drop UDP %d", time.Since(blocked).Round(100*time.Millisecond), tunnel.DefaultVXLANPort)
 	f.waitReplies(t, ctx, "the ping to go on over udp", 20)
 	if dev := routeDev(ctx, n0, p1.IP); dev != "weft-tun" {
@@ -395,11 +391,7 @@ func TestAutoVXLANFallback(t *testing.T) {
 	}
 
 	blockUnderlayVXLAN(t, ctx, c, false)
-	waitUntil(t, ctx, "both nodes back on vxlan", func() (bool, string) {
-		m0, err0 := dataModes(ctx, n0)
-		m1, err1 := dataModes(ctx, n1)
-		return m0[n1.PeerName] == "vxlan" && m1[n0.PeerName] == "vxlan", fmt.Sprintf("n0: %v %v, n1: %v %v", m0, err0, m1, err1)
-	})
+	waitPairMode(t, ctx, n0, n1, "vxlan")
 	f.waitReplies(t, ctx, "the ping back on vxlan", 20)
 	sent, got := f.stop(t)
 	t.Logf("ping across the fallback and back: %d sent, %d received", sent, got)
@@ -418,6 +410,16 @@ func TestAutoVXLANFallback(t *testing.T) {
 	})
 	wantStatus(t, ctx, n0, n1, "udp", "vxlan path down since", "bytes are lost while small ones pass")
 	blockUnderlayVXLAN(t, ctx, c, false)
+}
+
+// waitPairMode waits until a and b send to each other with mode.
+func waitPairMode(t *testing.T, ctx context.Context, a, b *Node, mode string) {
+	t.Helper()
+	waitUntil(t, ctx, a.Name+" and "+b.Name+" to send each other "+mode, func() (bool, string) {
+		ma, erra := dataModes(ctx, a)
+		mb, errb := dataModes(ctx, b)
+		return ma[b.PeerName] == mode && mb[a.PeerName] == mode, fmt.Sprintf("%s: %v %v, %s: %v %v", a.Name, ma, erra, b.Name, mb, errb)
+	})
 }
 
 // pathOK reports whether n's probes of o's vxlan path were answered.
