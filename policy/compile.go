@@ -3,8 +3,10 @@ package policy
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -33,6 +35,42 @@ type Rule struct {
 	Peers   []Interval // sorted, disjoint, not adjacent
 	AnyPort bool
 	Ports   []PortRange
+	// From is the rule of a policy this rule comes from. The rules of
+	// one node with the same From have the same Peers, whichever pod
+	// they are for: an enforcer can keep one set of peers for all the
+	// pods the policy selects, and change only its elements as pods
+	// come and go. The zero Origin says nothing.
+	From Origin
+}
+
+// Origin is where a Rule comes from: a rule of a policy, in one
+// direction. A named port of an egress rule resolves against each
+// destination pod: its rules are one per resolution, the ports the
+// names resolve to (NamedPorts, e.g. "TCP/8080,UDP/53"), with the pods
+// that resolve them so as peers.
+type Origin struct {
+	Policy     string // namespace/name
+	Egress     bool
+	Index      int // of the rule in the policy's ingress or egress rules
+	NamedPorts string
+}
+
+// IsZero reports whether o says nothing.
+func (o Origin) IsZero() bool { return o == Origin{} }
+
+func (o Origin) String() string {
+	if o.IsZero() {
+		return ""
+	}
+	dir := "ingress"
+	if o.Egress {
+		dir = "egress"
+	}
+	s := fmt.Sprintf("%s %s rule %d", o.Policy, dir, o.Index)
+	if o.NamedPorts != "" {
+		s += " to " + o.NamedPorts
+	}
+	return s
 }
 
 // Direction is what one pod enforces in one direction. A pod that no
@@ -79,14 +117,14 @@ func Compile(w *World, node string) *NodeRules {
 			in, eg := Types(p)
 			if in {
 				pr.Ingress.Isolated = true
-				for _, r := range p.Spec.Ingress {
-					pr.Ingress.Rules = append(pr.Ingress.Rules, ix.ingressRule(p, r.From, r.Ports, x)...)
+				for k, r := range p.Spec.Ingress {
+					pr.Ingress.Rules = append(pr.Ingress.Rules, ix.ingressRule(p, k, r.From, r.Ports, x)...)
 				}
 			}
 			if eg {
 				pr.Egress.Isolated = true
-				for _, r := range p.Spec.Egress {
-					pr.Egress.Rules = append(pr.Egress.Rules, ix.egressRules(p, r.To, r.Ports)...)
+				for k, r := range p.Spec.Egress {
+					pr.Egress.Rules = append(pr.Egress.Rules, ix.egressRules(p, k, r.To, r.Ports)...)
 				}
 			}
 		}
@@ -150,9 +188,9 @@ func (ix *index) peerSet(p *networkingv1.NetworkPolicy, peers []networkingv1.Net
 	return false, normalize(set)
 }
 
-// ingressRule translates one ingress rule of p for pod x: its named
-// ports resolve against x's ports.
-func (ix *index) ingressRule(p *networkingv1.NetworkPolicy, from []networkingv1.NetworkPolicyPeer, ports []networkingv1.NetworkPolicyPort, x *Pod) []Rule {
+// ingressRule translates ingress rule k of p for pod x: its named ports
+// resolve against x's ports; its peers do not depend on x.
+func (ix *index) ingressRule(p *networkingv1.NetworkPolicy, k int, from []networkingv1.NetworkPolicyPeer, ports []networkingv1.NetworkPolicyPort, x *Pod) []Rule {
 	anyPort, prs := portRanges(ports, x)
 	if !anyPort && len(prs) == 0 {
 		return nil // only named ports that x does not have
@@ -161,13 +199,13 @@ func (ix *index) ingressRule(p *networkingv1.NetworkPolicy, from []networkingv1.
 	if !anyPeer && len(peers) == 0 {
 		return nil
 	}
-	return []Rule{{AnyPeer: anyPeer, Peers: peers, AnyPort: anyPort, Ports: prs}}
+	return []Rule{{AnyPeer: anyPeer, Peers: peers, AnyPort: anyPort, Ports: prs, From: Origin{Policy: p.Namespace + "/" + p.Name, Index: k}}}
 }
 
-// egressRules translates one egress rule of p. A named port depends on
-// the destination pod, so it becomes one rule per pod that has it and
-// that the peers match.
-func (ix *index) egressRules(p *networkingv1.NetworkPolicy, to []networkingv1.NetworkPolicyPeer, ports []networkingv1.NetworkPolicyPort) []Rule {
+// egressRules translates egress rule k of p. A named port depends on the
+// destination pod: the pods that the peers match and that resolve the
+// named ports to the same ports get one rule, one per such resolution.
+func (ix *index) egressRules(p *networkingv1.NetworkPolicy, k int, to []networkingv1.NetworkPolicyPeer, ports []networkingv1.NetworkPolicyPort) []Rule {
 	var numeric, named []networkingv1.NetworkPolicyPort
 	for _, pp := range ports {
 		if pp.Port != nil && pp.Port.Type != 0 {
@@ -176,27 +214,68 @@ func (ix *index) egressRules(p *networkingv1.NetworkPolicy, to []networkingv1.Ne
 			numeric = append(numeric, pp)
 		}
 	}
+	from := Origin{Policy: p.Namespace + "/" + p.Name, Egress: true, Index: k}
 	anyPeer, peers := ix.peerSet(p, to)
 	var out []Rule
 	if len(ports) == 0 || len(numeric) > 0 {
 		anyPort, prs := portRanges(numeric, nil)
 		if (anyPeer || len(peers) > 0) && (anyPort || len(prs) > 0) {
-			out = append(out, Rule{AnyPeer: anyPeer, Peers: peers, AnyPort: anyPort, Ports: prs})
+			out = append(out, Rule{AnyPeer: anyPeer, Peers: peers, AnyPort: anyPort, Ports: prs, From: from})
 		}
 	}
 	if len(named) == 0 {
 		return out
 	}
+	byPorts := map[string]*Rule{}
 	for i := range ix.w.Pods {
 		d := &ix.w.Pods[i]
 		if !d.IP.Is4() || !(anyPeer || slices.ContainsFunc(peers, func(iv Interval) bool { return iv.contains(d.IP) })) {
 			continue
 		}
-		if _, prs := portRanges(named, d); len(prs) > 0 {
-			out = append(out, Rule{Peers: []Interval{{d.IP, d.IP}}, Ports: prs})
+		_, prs := portRanges(named, d)
+		if len(prs) == 0 {
+			continue
 		}
+		prs = normalizePorts(prs)
+		key := portsKey(prs)
+		r := byPorts[key]
+		if r == nil {
+			f := from
+			f.NamedPorts = key
+			r = &Rule{Ports: prs, From: f}
+			byPorts[key] = r
+		}
+		r.Peers = append(r.Peers, Interval{d.IP, d.IP})
+	}
+	for _, key := range slices.Sorted(maps.Keys(byPorts)) {
+		r := byPorts[key]
+		r.Peers = normalize(r.Peers)
+		out = append(out, *r)
 	}
 	return out
+}
+
+// normalizePorts sorts ports and drops duplicates.
+func normalizePorts(ps []PortRange) []PortRange {
+	slices.SortFunc(ps, func(a, b PortRange) int {
+		return cmp.Or(cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Lo, b.Lo), cmp.Compare(a.Hi, b.Hi))
+	})
+	return slices.Compact(ps)
+}
+
+// portsKey names normalized ports, e.g. "TCP/80,UDP/50-60".
+func portsKey(ps []PortRange) string {
+	var b strings.Builder
+	for i, p := range ps {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, "%s/%d", p.Protocol, p.Lo)
+		if p.Hi != p.Lo {
+			fmt.Fprintf(&b, "-%d", p.Hi)
+		}
+	}
+	return b.String()
 }
 
 // portRanges translates ports; named ones resolve against pod x (none

@@ -215,3 +215,30 @@ func TestProblemsReported(t *testing.T) {
 	}
 	check(t, w, Conn{Src: ip("10.0.0.1"), Dst: ip("10.32.0.2"), Protocol: corev1.ProtocolTCP, Port: 80}, false)
 }
+
+// TestEgressNamedPortsByResolution: the destination pods of an egress
+// rule with a named port get one rule per port the name resolves to,
+// with all those pods as its peers.
+func TestEgressNamedPortsByResolution(t *testing.T) {
+	w := exampleWorld(pol("prod", "to-http", networkingv1.NetworkPolicySpec{
+		PodSelector: *sel("app", "db"),
+		PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
+		Egress:      []networkingv1.NetworkPolicyEgressRule{{Ports: []networkingv1.NetworkPolicyPort{{Port: ptr(intstr.FromString("http"))}}}},
+	}))
+	w.Pods = append(w.Pods,
+		Pod{Namespace: "dev", Name: "web2", IP: ip("10.40.0.3"), Node: "n2", Ports: []Port{{"http", corev1.ProtocolTCP, 8080}}},
+		Pod{Namespace: "dev", Name: "web3", IP: ip("10.40.0.4"), Node: "n2", Ports: []Port{{"http", "", 80}}})
+	rules := Compile(w, "n1").Pods[ip("10.32.0.3")].Egress.Rules
+	want := []Rule{
+		{Peers: []Interval{{ip("10.40.0.4"), ip("10.40.0.4")}}, Ports: []PortRange{{corev1.ProtocolTCP, 80, 80}},
+			From: Origin{Policy: "prod/to-http", Egress: true, NamedPorts: "TCP/80"}},
+		{Peers: []Interval{{ip("10.32.0.2"), ip("10.32.0.2")}, {ip("10.40.0.3"), ip("10.40.0.3")}}, Ports: []PortRange{{corev1.ProtocolTCP, 8080, 8080}},
+			From: Origin{Policy: "prod/to-http", Egress: true, NamedPorts: "TCP/8080"}},
+	}
+	if fmt.Sprint(rules) != fmt.Sprint(want) {
+		t.Fatalf("rules %+v\nwant  %+v", rules, want)
+	}
+	check(t, w, Conn{Src: ip("10.32.0.3"), Dst: ip("10.40.0.3"), Protocol: corev1.ProtocolTCP, Port: 8080}, true)
+	check(t, w, Conn{Src: ip("10.32.0.3"), Dst: ip("10.40.0.3"), Protocol: corev1.ProtocolTCP, Port: 80}, false)
+	check(t, w, Conn{Src: ip("10.32.0.3"), Dst: ip("10.40.0.4"), Protocol: corev1.ProtocolTCP, Port: 80}, true)
+}

@@ -116,3 +116,44 @@ func FuzzCompileMatchesModel(f *testing.F) {
 		}
 	})
 }
+
+// TestOriginsSharePeers: in random worlds, the rules of one node that
+// come from the same rule of a policy (Rule.From) have the same peers,
+// whichever pod they are for, so that an enforcer may keep one set of
+// peers for them; every compiled rule says where it comes from, and no
+// two rules of one pod in one direction come from the same place.
+func TestOriginsSharePeers(t *testing.T) {
+	shared := 0
+	for s := range uint64(400) {
+		w := randWorld(rand.New(rand.NewPCG(s, 0x9e3779b9)))
+		for _, node := range []string{"n0", "n1", "n2"} {
+			nr := policy.Compile(w, node)
+			peers := map[policy.Origin][]policy.Interval{}
+			for _, pr := range nr.Pods {
+				for _, d := range []policy.Direction{pr.Ingress, pr.Egress} {
+					seen := map[policy.Origin]bool{}
+					for _, r := range d.Rules {
+						if r.From.IsZero() {
+							t.Fatalf("seed %d: pod %s: a rule without its origin: %+v", s, pr.IP, r)
+						}
+						if seen[r.From] {
+							t.Fatalf("seed %d: pod %s: two rules from %s", s, pr.IP, r.From)
+						}
+						seen[r.From] = true
+						if p, ok := peers[r.From]; ok {
+							if fmt.Sprint(p) != fmt.Sprint(r.Peers) {
+								t.Fatalf("seed %d: rules from %s with peers %v and %v", s, r.From, p, r.Peers)
+							}
+							shared++
+						}
+						peers[r.From] = r.Peers
+					}
+				}
+			}
+		}
+	}
+	if shared == 0 {
+		t.Fatal("no two rules came from the same place: the test proves nothing")
+	}
+	t.Logf("%d rules had the peers of another pod's rule from the same place", shared)
+}
