@@ -195,10 +195,9 @@ func (ix *index) ingressRule(p *networkingv1.NetworkPolicy, k int, from []networ
 	if !anyPort && len(prs) == 0 {
 		return nil // only named ports that x does not have
 	}
+	// Kept when its peers match nothing now: a pod that matches later
+	// changes the rule's peers, not the pod's list of rules.
 	anyPeer, peers := ix.peerSet(p, from)
-	if !anyPeer && len(peers) == 0 {
-		return nil
-	}
 	return []Rule{{AnyPeer: anyPeer, Peers: peers, AnyPort: anyPort, Ports: prs, From: Origin{Policy: p.Namespace + "/" + p.Name, Index: k}}}
 }
 
@@ -219,7 +218,7 @@ func (ix *index) egressRules(p *networkingv1.NetworkPolicy, k int, to []networki
 	var out []Rule
 	if len(ports) == 0 || len(numeric) > 0 {
 		anyPort, prs := portRanges(numeric, nil)
-		if (anyPeer || len(peers) > 0) && (anyPort || len(prs) > 0) {
+		if anyPort || len(prs) > 0 { // kept when its peers match nothing, as in ingressRule
 			out = append(out, Rule{AnyPeer: anyPeer, Peers: peers, AnyPort: anyPort, Ports: prs, From: from})
 		}
 	}

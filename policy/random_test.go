@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -156,4 +157,52 @@ func TestOriginsSharePeers(t *testing.T) {
 		t.Fatal("no two rules came from the same place: the test proves nothing")
 	}
 	t.Logf("%d rules had the peers of another pod's rule from the same place", shared)
+}
+
+// TestPeerJoiningKeepsRules: in random worlds, a pod more (on another
+// node, so that it is only ever a peer here) changes the peers of the
+// node's rules, never which rules a pod has (their origins, in order),
+// but for a named port of an egress rule that the new pod is the first
+// to resolve to its ports: an enforcer changes sets, not chains.
+func TestPeerJoiningKeepsRules(t *testing.T) {
+	changed := 0
+	for s := range uint64(400) {
+		r := rand.New(rand.NewPCG(s, 0x9e3779b9))
+		w := randWorld(r)
+		before := policy.Compile(w, "n0")
+		more := *w
+		x := w.Pods[r.IntN(len(w.Pods))] // its ports
+		x.Name, x.IP, x.Node = "joiner", netip.MustParseAddr("10.32.2.9"), "n9"
+		x.Namespace = []string{"a", "b", "c"}[r.IntN(3)]
+		x.Labels = map[string]string{}
+		for _, k := range []string{"app", "tier"} {
+			if r.IntN(3) > 0 {
+				x.Labels[k] = []string{"x", "y", "z"}[r.IntN(3)]
+			}
+		}
+		more.Pods = append(slices.Clone(w.Pods), x)
+		after := policy.Compile(&more, "n0")
+		origins := func(d policy.Direction) (out []policy.Origin) {
+			for _, r := range d.Rules {
+				if r.From.NamedPorts == "" || fmt.Sprint(r.Peers) != fmt.Sprint([]policy.Interval{{Lo: x.IP, Hi: x.IP}}) {
+					out = append(out, r.From)
+				}
+			}
+			return out
+		}
+		for a, pb := range before.Pods {
+			pa := after.Pods[a]
+			if pa.Ingress.Isolated != pb.Ingress.Isolated || pa.Egress.Isolated != pb.Egress.Isolated ||
+				!slices.Equal(origins(pa.Ingress), origins(pb.Ingress)) || !slices.Equal(origins(pa.Egress), origins(pb.Egress)) {
+				t.Fatalf("seed %d: pod %s: a pod more elsewhere changed its rules:\n%+v\n%+v", s, a, pb, pa)
+			}
+			if fmt.Sprint(pa) != fmt.Sprint(pb) {
+				changed++
+			}
+		}
+	}
+	if changed == 0 {
+		t.Fatal("no pod more changed any rule's peers: the test proves nothing")
+	}
+	t.Logf("%d pods' rules changed their peers", changed)
 }

@@ -312,8 +312,8 @@ default/allow-client  ingress  default/web
 	}
 	pods[2].Labels = map[string]string{"app": "other"}
 	step("pod relabelled", policy.World{Namespaces: nss, Pods: pods, Policies: []networkingv1.NetworkPolicy{*np}})
-	if pr := enf.last().Pods[netip.MustParseAddr("10.32.0.2")]; pr == nil || !pr.Ingress.Isolated || len(pr.Ingress.Rules) != 0 {
-		t.Errorf("web's ingress with no peer left: %+v, want isolated without rules", pr)
+	if pr := enf.last().Pods[netip.MustParseAddr("10.32.0.2")]; pr == nil || !pr.Ingress.Isolated || len(pr.Ingress.Rules) != 1 || len(pr.Ingress.Rules[0].Peers) != 0 {
+		t.Errorf("web's ingress with no peer left: %+v, want isolated, its rule without peers", pr)
 	}
 
 	// Back, and then the namespace relabelled: the peer goes again.
