@@ -5,21 +5,33 @@ package bridge
 //
 //	table ip weft-policy
 //	  counter blocked-ingress, counter blocked-egress
-//	  map ingress { ipv4_addr : verdict }   pod -> jump ingress-<pod>
-//	  map egress  { ipv4_addr : verdict }   pod -> jump egress-<pod>
+//	  map ingress { ipv4_addr : verdict }   pod -> jump ingress-<hash>
+//	  map egress  { ipv4_addr : verdict }   pod -> jump egress-<hash>
+//	  set peers-<hash> { ipv4_addr, interval }    the peers of a policy's rule
+//	  set ports-<hash> { inet_proto . inet_service, interval }
 //	  chain forward (filter, hook forward, priority filter - 5, policy accept)
 //	    ct state established,related accept
 //	    ip saddr vmap @egress
 //	    ip daddr vmap @ingress
-//	  chain egress-<pod> (one per pod whose egress is isolated)
-//	    ip daddr @egress-<pod>-<i>-peers meta l4proto . th dport @egress-<pod>-<i>-ports return
+//	  chain egress-<hash> (one per distinct list of egress rules)
+//	    ip daddr @peers-<hash> meta l4proto . th dport @ports-<hash> return
 //	    ...
 //	    counter name blocked-egress drop
-//	  chain ingress-<pod>: the same with ip saddr
+//	  chain ingress-<hash>: the same with ip saddr
 //
 // A pod that no policy isolates in a direction has no element in that
 // map: its packets pass this table untouched. A rule that allows every
 // peer or every port leaves out that lookup (and its set).
+//
+// Sets and chains are shared: the pods that one rule of a policy selects
+// share the set of its peers (policy.Rule.From says which rule a pod's
+// rule comes from), the rules with the same ports share a ports set, and
+// the pods whose rules in one direction are the same (name the same sets)
+// share a chain, which the map points each of their addresses at. The
+// table holds as many sets and chains as the node has distinct policy
+// rules and combinations of them, not as many as it has pods: a pod that
+// joins a selector adds one element to one set, whatever number of pods
+// the policy selects.
 //
 // This file holds the pure part: the kernel's state as values (polState),
 // the encoding of policy.NodeRules into it (wantPolicy), and the diff of two
@@ -27,7 +39,9 @@ package bridge
 
 import (
 	"cmp"
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"maps"
 	"net/netip"
@@ -120,16 +134,17 @@ func peersOf(ivs []policy.Interval) []AddrRange {
 	return m
 }
 
-// polRule is one allow rule of a pod's chain: the names of its peers and
-// ports sets, "" for any peer or any port.
+// polRule is one allow rule of a chain: the names of its peers and ports
+// sets, "" for any peer or any port, and where it comes from (for its
+// comment; "" when the rule does not say).
 type polRule struct {
 	peers, ports string
+	from         string
 }
 
-// polChain is the chain of one pod in one direction: its allow rules,
-// then the counted drop.
+// polChain is a chain in one direction, shared by the pods whose rules
+// are these: its allow rules, then the counted drop.
 type polChain struct {
-	pod    netip.Addr
 	egress bool
 	rules  []polRule
 }
@@ -141,14 +156,29 @@ func dirName(egress bool) string {
 	return "ingress"
 }
 
-func podChainName(pod netip.Addr, egress bool) string { return dirName(egress) + "-" + pod.String() }
+// Prefixes of the names of the shared objects: a set's says its type.
+const (
+	peersPrefix = "peers-"
+	portsPrefix = "ports-"
+)
 
-func podSetName(chain string, i int, kind string) string {
-	return fmt.Sprintf("%s-%d-%s", chain, i, kind)
+// nameHashLen is the length of the hash in a name (hex digits, 48 bits):
+// the longest name, a chain's with a fallback suffix, stays well under
+// the 32 bytes older kernels allow for the names of sets and chains.
+const nameHashLen = 12
+
+// hashName is the hash part of the name of the object with key.
+func hashName(key string) string {
+	h := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(h[:])[:nameHashLen]
 }
 
+// maxFromLen bounds the origin in a rule's comment (a rule's comment has
+// at most 255 bytes; a policy's namespace and name can have 317).
+const maxFromLen = 120
+
 // ruleComment is the comment of an allow rule; it names the sets, so
-// equal comments mean equal rules.
+// equal comments mean equal rules, and says where the rule comes from.
 func ruleComment(egress bool, r polRule) string {
 	peer, port := "any peer", "any port"
 	if r.peers != "" {
@@ -157,10 +187,14 @@ func ruleComment(egress bool, r polRule) string {
 	if r.ports != "" {
 		port = "@" + r.ports
 	}
-	if egress {
-		return "weft-policy: allow to " + peer + ", " + port
+	from := ""
+	if r.from != "" {
+		from = " (" + r.from + ")"
 	}
-	return "weft-policy: allow from " + peer + ", " + port
+	if egress {
+		return "weft-policy: allow to " + peer + ", " + port + from
+	}
+	return "weft-policy: allow from " + peer + ", " + port + from
 }
 
 func policyDropComment(egress bool) string {
@@ -184,9 +218,9 @@ func (c polChain) comments() []string {
 }
 
 // polState is what table ip weft-policy holds below its fixed part (the
-// forward chain, the maps and the counters): the pods' chains (by name:
-// the comments of their rules), the sets (by name), and the maps'
-// elements (pod address to chain name).
+// forward chain, the maps and the counters): the chains the pods jump to
+// (by name: the comments of their rules), the sets (by name), and the
+// maps' elements (pod address to chain name).
 type polState struct {
 	chains          map[string][]string
 	peerSets        map[string][]AddrRange // merged
@@ -238,11 +272,136 @@ type polWant struct {
 // wantPolicy encodes nr into the table's state. Rules that can match
 // nothing (no peer or no port) are kept, with their empty set, so that a
 // pod or port that comes later changes a set rather than the chain.
-func wantPolicy(nr *policy.NodeRules) (*polWant, error) {
+func wantPolicy(nr *policy.NodeRules) (*polWant, error) { return wantPolicyNamed(nr, hashName) }
+
+// shared is one shared object of a state being encoded: a set's content
+// (merged ranges) or a chain's comments; name once named.
+type shared[T any] struct {
+	id      int // in the order found
+	content T
+	name    string
+}
+
+// sharedKind holds the objects of one kind (peers sets, ports sets,
+// chains) by key: the objects with one key are the same object, unless
+// their contents differ (rules that say they come from the same place but
+// do not have the same peers: not what policy.Compile gives, but then
+// they are not shared).
+type sharedKind[T any] struct {
+	prefix  string
+	equal   func(a, b T) bool
+	compare func(a, b T) int
+	byKey   map[string][]*shared[T]
+	n       int
+}
+
+func newSharedKind[T any](prefix string, equal func(a, b T) bool, compare func(a, b T) int) *sharedKind[T] {
+	return &sharedKind[T]{prefix: prefix, equal: equal, compare: compare, byKey: map[string][]*shared[T]{}}
+}
+
+// get returns the object with key and content, adding it if new.
+func (k *sharedKind[T]) get(key string, content T) *shared[T] {
+	for _, o := range k.byKey[key] {
+		if k.equal(o.content, content) {
+			return o
+		}
+	}
+	o := &shared[T]{id: k.n, content: content}
+	k.n++
+	k.byKey[key] = append(k.byKey[key], o)
+	return o
+}
+
+// name names the objects: prefix and the hash of the key; when that name
+// is taken (a hash collision, or another content of the same key), the
+// name with "-2", "-3", ... appended. The objects are named in the order
+// of their keys (and contents), so that the names depend only on the
+// objects, not on the order in which they were found: a table adopted
+// after a restart gets the names it has. used holds the names taken.
+func (k *sharedKind[T]) name(hash func(string) string, used map[string]bool) {
+	for _, key := range sortedKeys(k.byKey) {
+		objs := k.byKey[key]
+		slices.SortFunc(objs, func(a, b *shared[T]) int { return k.compare(a.content, b.content) })
+		for _, o := range objs {
+			base := k.prefix + hash(key)
+			o.name = base
+			for n := 2; used[o.name]; n++ {
+				o.name = fmt.Sprintf("%s-%d", base, n)
+			}
+			used[o.name] = true
+		}
+	}
+}
+
+// originKey is the key of the peers set of a rule that says where it
+// comes from; rangesKey that of one that does not: its addresses.
+func originKey(o policy.Origin) string {
+	return fmt.Sprintf("rule %q %v %d %q", o.Policy, o.Egress, o.Index, o.NamedPorts)
+}
+
+func rangesKey(rs []AddrRange) string {
+	var b strings.Builder
+	b.WriteString("addrs")
+	for _, r := range rs {
+		fmt.Fprintf(&b, " %s-%s", r.First, r.Last)
+	}
+	return b.String()
+}
+
+func portsKey(ps []portRange) string {
+	var b strings.Builder
+	b.WriteString("ports")
+	for _, p := range ps {
+		b.WriteString(" " + p.String())
+	}
+	return b.String()
+}
+
+// fromLabel is the origin of a rule as its comment says it.
+func fromLabel(o policy.Origin) string {
+	s := o.String()
+	if len(s) > maxFromLen {
+		s = s[:maxFromLen-3] + "..."
+	}
+	return s
+}
+
+// wantPolicyNamed is wantPolicy with the hash of the names given (the
+// tests make it collide).
+func wantPolicyNamed(nr *policy.NodeRules, hash func(string) string) (*polWant, error) {
 	w := &polWant{state: newPolState(), chains: map[string]polChain{}}
 	if nr == nil {
 		return w, nil
 	}
+	peerSets := newSharedKind(peersPrefix, slices.Equal[[]AddrRange], func(a, b []AddrRange) int { return slices.CompareFunc(a, b, compareAddrRanges) })
+	portSets := newSharedKind(portsPrefix, slices.Equal[[]portRange], func(a, b []portRange) int { return slices.CompareFunc(a, b, comparePortRanges) })
+
+	// The rules of one origin have the same peers (as policy.Compile
+	// gives them) and often the same ports: each rule is compared with
+	// the last of its origin, and only one that differs is translated
+	// (at 1,000 pods, translating every rule's peers costs more than the
+	// kernel's part of a Sync).
+	type fromOrigin struct {
+		id       int
+		label    string
+		peers    []policy.Interval
+		peersSet *shared[[]AddrRange]
+		ports    []policy.PortRange
+		portsSet *shared[[]portRange]
+	}
+	origins := map[policy.Origin]*fromOrigin{}
+	type ruleSets struct {
+		peers *shared[[]AddrRange]
+		ports *shared[[]portRange]
+		from  *fromOrigin
+	}
+	// The rules of each isolated direction of each pod, by their sets.
+	type podDir struct {
+		pod    netip.Addr
+		egress bool
+		rules  []ruleSets
+	}
+	var dirs []podDir
 	for addr, pr := range nr.Pods {
 		if !addr.Is4() {
 			return nil, fmt.Errorf("policy rules of pod %s/%s: address %s is not IPv4", pr.Namespace, pr.Name, addr)
@@ -255,28 +414,101 @@ func wantPolicy(nr *policy.NodeRules) (*polWant, error) {
 			if !d.Isolated {
 				continue
 			}
-			name := podChainName(addr, egress)
-			ch := polChain{pod: addr, egress: egress}
-			for i, r := range d.Rules {
-				var pr polRule
+			pd := podDir{pod: addr, egress: egress}
+			for _, r := range d.Rules {
+				o := origins[r.From]
+				if o == nil {
+					o = &fromOrigin{id: len(origins), label: fromLabel(r.From)}
+					origins[r.From] = o
+				}
+				rs := ruleSets{from: o}
 				if !r.AnyPeer {
-					pr.peers = podSetName(name, i, "peers")
-					w.state.peerSets[pr.peers] = peersOf(r.Peers)
+					if o.peersSet == nil || !slices.Equal(o.peers, r.Peers) {
+						peers := peersOf(r.Peers)
+						key := originKey(r.From)
+						if r.From.IsZero() {
+							key = rangesKey(peers)
+						}
+						o.peers, o.peersSet = r.Peers, peerSets.get(key, peers)
+					}
+					rs.peers = o.peersSet
 				}
 				if !r.AnyPort {
-					pr.ports = podSetName(name, i, "ports")
-					w.state.portSets[pr.ports] = portsOf(r.Ports)
+					if o.portsSet == nil || !slices.Equal(o.ports, r.Ports) {
+						ports := portsOf(r.Ports)
+						o.ports, o.portsSet = r.Ports, portSets.get(portsKey(ports), ports)
+					}
+					rs.ports = o.portsSet
 				}
-				ch.rules = append(ch.rules, pr)
+				pd.rules = append(pd.rules, rs)
 			}
-			w.chains[name] = ch
-			w.state.chains[name] = ch.comments()
-			if egress {
-				w.state.egress[addr] = name
-			} else {
-				w.state.ingress[addr] = name
-			}
+			dirs = append(dirs, pd)
 		}
+	}
+	used := map[string]bool{}
+	peerSets.name(hash, used)
+	portSets.name(hash, used)
+	for _, objs := range peerSets.byKey {
+		for _, o := range objs {
+			w.state.peerSets[o.name] = o.content
+		}
+	}
+	for _, objs := range portSets.byKey {
+		for _, o := range objs {
+			w.state.portSets[o.name] = o.content
+		}
+	}
+
+	// The chains: one per distinct list of rules in one direction, by
+	// their comments. The pods whose rules are the same sets and origins
+	// (by the key ids) are looked up first, to build the comments once.
+	kinds := map[bool]*sharedKind[[]string]{}
+	for _, egress := range []bool{false, true} {
+		kinds[egress] = newSharedKind(dirName(egress)+"-", slices.Equal[[]string], slices.Compare[[]string])
+	}
+	byIDs := map[string]*shared[[]string]{}
+	bodies := map[*shared[[]string]]polChain{}
+	chainOf := make([]*shared[[]string], len(dirs))
+	var ids []byte
+	for i, pd := range dirs {
+		ids = append(ids[:0], dirName(pd.egress)...)
+		for _, rs := range pd.rules {
+			peers, ports := -1, -1
+			if rs.peers != nil {
+				peers = rs.peers.id
+			}
+			if rs.ports != nil {
+				ports = rs.ports.id
+			}
+			ids = fmt.Appendf(ids, " %d/%d/%d", peers, ports, rs.from.id)
+		}
+		if o, ok := byIDs[string(ids)]; ok {
+			chainOf[i] = o
+			continue
+		}
+		ch := polChain{egress: pd.egress}
+		for _, rs := range pd.rules {
+			r := polRule{from: rs.from.label}
+			if rs.peers != nil {
+				r.peers = rs.peers.name
+			}
+			if rs.ports != nil {
+				r.ports = rs.ports.name
+			}
+			ch.rules = append(ch.rules, r)
+		}
+		comments := ch.comments()
+		o := kinds[pd.egress].get(strings.Join(comments, "\n"), comments)
+		byIDs[string(ids)], chainOf[i], bodies[o] = o, o, ch
+	}
+	for _, egress := range []bool{false, true} {
+		kinds[egress].name(hash, used)
+	}
+	for i, pd := range dirs {
+		name := chainOf[i].name
+		w.chains[name] = bodies[chainOf[i]]
+		w.state.chains[name] = chainOf[i].content
+		w.state.mapOf(pd.egress)[pd.pod] = name
 	}
 	return w, nil
 }

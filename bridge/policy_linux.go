@@ -56,6 +56,9 @@ type PolicyTable struct {
 	// writes counts the batches written (for the tests: an adopting
 	// Sync writes none).
 	writes int
+	// hash makes the names of the shared sets and chains (hashName; the
+	// tests make it collide).
+	hash func(string) string
 }
 
 // NewPolicyTable returns a PolicyTable for the namespace of cfg, after
@@ -72,7 +75,7 @@ func NewPolicyTable(cfg PolicyConfig) (*PolicyTable, error) {
 	}
 	g := NewGuardConn(cfg.NSPath)
 	g.bigBatches = true
-	return &PolicyTable{log: log, g: g}, nil
+	return &PolicyTable{log: log, g: g, hash: hashName}, nil
 }
 
 // ensureBrNetfilter sets brNetfilterSysctl to 1 in the namespace at nsPath
@@ -160,8 +163,9 @@ func forwardRules(tab *nftables.Table, ch *nftables.Chain, in, eg *nftables.Set)
 	}
 }
 
-// podChainRules are the rules of a pod's chain; sets holds the sets created in
-// the same batch (their IDs), others are referred to by name.
+// podChainRules are the rules of a chain that pods jump to; sets holds
+// the sets created in the same batch (their IDs), others are referred to
+// by name.
 func podChainRules(tab *nftables.Table, ch *nftables.Chain, pc polChain, sets map[string]*nftables.Set) []*nftables.Rule {
 	lookup := func(reg uint32, name string) *expr.Lookup {
 		l := &expr.Lookup{SourceRegister: reg, SetName: name}
@@ -252,6 +256,15 @@ func tableUse(t *nftables.Table) uint32 {
 	return binary.BigEndian.Uint32(binary.NativeEndian.AppendUint32(nil, t.Use))
 }
 
+// isSetOf reports whether a set's name is that of a peers or a ports set
+// (prefix peersPrefix or portsPrefix): a shared one, or one of the sets
+// of a single pod's rule that weft wrote before sets were shared
+// ("ingress-10.32.0.3-0-peers"), so that such a table is adopted, and
+// its sets replaced, without a rebuild.
+func isSetOf(name, prefix string) bool {
+	return strings.HasPrefix(name, prefix) || strings.HasSuffix(name, "-"+strings.TrimSuffix(prefix, "-"))
+}
+
 // readPolicy reads table ip weft-policy.
 func readPolicy(c *nftables.Conn) (*policyRead, error) {
 	out := &policyRead{state: newPolState()}
@@ -321,13 +334,13 @@ func readPolicy(c *nftables.Conn) (*policyRead, error) {
 				chain, _ := jumpOfVerdict(e.Val)
 				m[a] = chain // "" (another verdict): no state names it, it is replaced
 			}
-		case strings.HasSuffix(s.Name, "-peers") && s.Interval && !s.IsMap && s.KeyType.Name == nftables.TypeIPAddr.Name:
+		case isSetOf(s.Name, peersPrefix) && s.Interval && !s.IsMap && s.KeyType.Name == nftables.TypeIPAddr.Name:
 			els, err := c.GetSetElements(s)
 			if err != nil {
 				return nil, fmt.Errorf("reading set %s of table ip %s: %w", s.Name, PolicyTableName, err)
 			}
 			out.state.peerSets[s.Name] = rangesOfBounds(boundsOfElements(els))
-		case strings.HasSuffix(s.Name, "-ports") && s.Interval && !s.IsMap && s.KeyType.Name == portsKeyType.Name:
+		case isSetOf(s.Name, portsPrefix) && s.Interval && !s.IsMap && s.KeyType.Name == portsKeyType.Name:
 			els, err := c.GetSetElements(s)
 			if err != nil {
 				return nil, fmt.Errorf("reading set %s of table ip %s: %w", s.Name, PolicyTableName, err)
@@ -365,16 +378,17 @@ func readPolicy(c *nftables.Conn) (*policyRead, error) {
 }
 
 // Sync makes the kernel enforce exactly nr for the pods of this node: an
-// isolated direction of a pod gets its chain and its element in that
-// direction's map, with sets for its rules' peers and ports; pods and
-// directions that no policy isolates pass untouched. Only what differs
-// from the kernel's table is written, in one batch, so packets never see
-// a half-written state; when nothing differs, nothing is written. The
-// first Sync (and the first after an error, or after the table changed
-// under it) reads the table from the kernel; a table whose fixed part is
-// not weft's is rebuilt, also in one batch.
+// isolated direction of a pod gets an element in that direction's map
+// that jumps to the chain of its rules, which the pods with the same
+// rules share, as they share the sets of the peers and ports of those
+// rules; pods and directions that no policy isolates pass untouched.
+// Only what differs from the kernel's table is written, in one batch, so
+// packets never see a half-written state; when nothing differs, nothing
+// is written. The first Sync (and the first after an error, or after the
+// table changed under it) reads the table from the kernel; a table whose
+// fixed part is not weft's is rebuilt, also in one batch.
 func (t *PolicyTable) Sync(nr *policy.NodeRules) error {
-	w, err := wantPolicy(nr)
+	w, err := wantPolicyNamed(nr, t.hash)
 	if err != nil {
 		return err
 	}

@@ -579,22 +579,25 @@ func (p *polEnv) kernelState(t *testing.T) *policyRead {
 
 // TestPolicySyncIncremental: a Sync that changes the peers of one pod
 // changes one set and no rule; one that changes the rules of one pod
-// rewrites that pod's chain only; the others' rules keep their handles,
-// and the counters keep counting. A Sync of the same rules writes nothing.
+// moves it to another chain, and the others' rules keep their handles;
+// the counters keep counting. A Sync of the same rules writes nothing.
 func TestPolicySyncIncremental(t *testing.T) {
 	p := newPolEnv(t)
 	bFrom := func(peers ...policy.Interval) *policy.PodRules {
-		return &policy.PodRules{IP: podB, Ingress: policy.Direction{Isolated: true, Rules: []policy.Rule{{Peers: peers, AnyPort: true}}}}
+		return &policy.PodRules{IP: podB, Ingress: policy.Direction{Isolated: true, Rules: []policy.Rule{{Peers: peers, AnyPort: true,
+			From: policy.Origin{Policy: "default/b"}}}}}
 	}
 	cRules := &policy.PodRules{IP: podC, Ingress: policy.Direction{Isolated: true, Rules: []policy.Rule{{
-		Peers: []policy.Interval{{Lo: podA, Hi: podA}}, Ports: []policy.PortRange{{Protocol: corev1.ProtocolTCP, Lo: 80, Hi: 80}}}}},
-		Egress: policy.Direction{Isolated: true, Rules: []policy.Rule{{AnyPeer: true, AnyPort: true}}}}
+		Peers: []policy.Interval{{Lo: podA, Hi: podA}}, Ports: []policy.PortRange{{Protocol: corev1.ProtocolTCP, Lo: 80, Hi: 80}},
+		From: policy.Origin{Policy: "default/c"}}}},
+		Egress: policy.Direction{Isolated: true, Rules: []policy.Rule{{AnyPeer: true, AnyPort: true, From: policy.Origin{Policy: "default/c", Egress: true}}}}}
 	p.sync(t, rulesOf(bFrom(iv("10.32.0.2", "10.32.0.2")), cRules))
 	if p.try(t, podD, podC, corev1.ProtocolTCP, 80) {
 		t.Fatal("D reached C")
 	}
 	in0, _, _ := p.pt.Blocked()
 	h0 := p.handles(t)
+	chainB := p.kernelState(t).state.ingress[podB]
 	writes := p.pt.writes
 
 	p.sync(t, rulesOf(bFrom(iv("10.32.0.2", "10.32.0.2")), cRules))
@@ -609,16 +612,19 @@ func TestPolicySyncIncremental(t *testing.T) {
 	}
 	p.expectConns(t, map[policy.Conn]bool{tcpConn(podD, podB, 80): true, tcpConn(podC, podB, 80): false})
 
-	// B gets another rule: B's chain is rewritten, nothing else.
+	// B gets another rule: B gets another chain, its old one goes (no
+	// other pod has those rules), the other chains keep their rules.
 	b2 := bFrom(iv("10.32.0.2", "10.32.0.2"))
-	b2.Ingress.Rules = append(b2.Ingress.Rules, policy.Rule{AnyPeer: true, Ports: []policy.PortRange{{Protocol: corev1.ProtocolUDP, Lo: 53, Hi: 53}}})
+	b2.Ingress.Rules = append(b2.Ingress.Rules, policy.Rule{AnyPeer: true, Ports: []policy.PortRange{{Protocol: corev1.ProtocolUDP, Lo: 53, Hi: 53}},
+		From: policy.Origin{Policy: "default/b2"}})
 	p.sync(t, rulesOf(b2, cRules))
 	h1 := p.handles(t)
+	chainB2 := p.kernelState(t).state.ingress[podB]
+	if _, ok := h1[chainB]; ok || chainB2 == chainB || len(h1[chainB2]) != 3 {
+		t.Errorf("B's rules changed: chain %s -> %s, chains now %v", chainB, chainB2, h1)
+	}
 	for name, hs := range h0 {
-		if name == podChainName(podB, false) {
-			if fmt.Sprint(h1[name]) == fmt.Sprint(hs) {
-				t.Errorf("chain %s kept its rules %v after its rules changed", name, hs)
-			}
+		if name == chainB {
 			continue
 		}
 		if fmt.Sprint(h1[name]) != fmt.Sprint(hs) {
@@ -633,7 +639,7 @@ func TestPolicySyncIncremental(t *testing.T) {
 	// B leaves: its chain, sets and map element go; C stays as it was.
 	p.sync(t, rulesOf(cRules))
 	h2 := p.handles(t)
-	if _, ok := h2[podChainName(podB, false)]; ok {
+	if _, ok := h2[chainB2]; ok {
 		t.Errorf("B's chain is still there: %v", h2)
 	}
 	for name := range h2 {
@@ -646,6 +652,92 @@ func TestPolicySyncIncremental(t *testing.T) {
 		t.Errorf("after B left: %+v", r.state)
 	}
 	p.expectConns(t, map[policy.Conn]bool{tcpConn(podD, podB, 80): true})
+}
+
+// TestPolicySharedInTheKernel: the pods one policy selects (sharedWorld:
+// A, B and C take TCP 80 from client pods) share one chain and its sets
+// in the kernel; D joining the clients changes one set's elements and no
+// rule; D selected too jumps to the same chain, and no rule changes; the
+// policy selecting nobody any more takes the chain and the sets with it.
+func TestPolicySharedInTheKernel(t *testing.T) {
+	p := newPolEnv(t)
+	w := sharedWorld()
+	p.sync(t, policy.Compile(w, "n0"))
+	k := p.kernelState(t).state
+	chain := k.ingress[podA]
+	if len(k.chains) != 1 || len(k.peerSets) != 1 || len(k.portSets) != 1 || len(k.ingress) != 3 || k.ingress[podB] != chain || k.ingress[podC] != chain {
+		t.Fatalf("three pods of one policy: the kernel holds %+v, want one chain and one set of each kind", k)
+	}
+	p.expectConns(t, map[policy.Conn]bool{
+		tcpConn(farPod1, podB, 80): true, tcpConn(farPod1, podC, 8080): false, tcpConn(podD, podA, 80): false, tcpConn(podA, podD, 80): true,
+	})
+	h0, writes := p.handles(t), p.pt.writes
+
+	w.Pods[3].Labels = map[string]string{"app": "client"} // D joins the peers
+	p.sync(t, policy.Compile(w, "n0"))
+	if h := p.handles(t); fmt.Sprint(h) != fmt.Sprint(h0) || p.pt.writes != writes+1 {
+		t.Errorf("D joining the peers: rules %v became %v (%d batches)", h0, h, p.pt.writes-writes)
+	}
+	k = p.kernelState(t).state
+	for name, rs := range k.peerSets {
+		if len(rs) != 2 {
+			t.Errorf("set %s holds %v, want the two clients", name, rs)
+		}
+	}
+	p.expectConns(t, map[policy.Conn]bool{tcpConn(podD, podA, 80): true, tcpConn(podD, podC, 80): true, tcpConn(podD, podC, 53): false})
+
+	w.Pods[3].Labels = map[string]string{"app": "web"} // D is selected
+	p.sync(t, policy.Compile(w, "n0"))
+	if h := p.handles(t); fmt.Sprint(h) != fmt.Sprint(h0) {
+		t.Errorf("D selected: rules %v became %v", h0, h)
+	}
+	if k = p.kernelState(t).state; k.ingress[podD] != chain || len(k.chains) != 1 {
+		t.Errorf("D selected: %+v, want its ingress on chain %s", k, chain)
+	}
+	p.expectConns(t, map[policy.Conn]bool{tcpConn(podA, podD, 80): false, tcpConn(farPod1, podD, 80): true, tcpConn(podD, podA, 80): false})
+
+	w.Policies[0].Spec.PodSelector.MatchLabels = map[string]string{"app": "none"}
+	p.sync(t, policy.Compile(w, "n0"))
+	if r := p.kernelState(t); !r.intact || !r.state.equal(newPolState()) {
+		t.Errorf("no pod selected: the kernel holds %+v, want no chain, set or map element", r.state)
+	}
+	p.expectConns(t, map[policy.Conn]bool{tcpConn(podA, podD, 80): true, tcpConn(podD, podA, 8080): true})
+}
+
+// TestPolicyAdoptPerPodLayout: a table as weft wrote it before sets and
+// chains were shared (a chain and sets for each pod) is adopted without
+// a rebuild: the next Sync replaces those chains and sets in one batch,
+// and the counters go on.
+func TestPolicyAdoptPerPodLayout(t *testing.T) {
+	p := newPolEnv(t)
+	nr := policy.Compile(sharedWorld(), "n0")
+	old := &polWant{state: newPolState(), chains: map[string]polChain{}}
+	for _, a := range []netip.Addr{podA, podB, podC} {
+		name := "ingress-" + a.String()
+		peers, ports := name+"-0-peers", name+"-0-ports"
+		old.state.peerSets[peers] = []AddrRange{{First: farPod1, Last: farPod1}}
+		old.state.portSets[ports] = []portRange{{6, 80, 80}}
+		ch := polChain{rules: []polRule{{peers: peers, ports: ports}}}
+		old.chains[name] = ch
+		old.state.chains[name] = ch.comments()
+		old.state.ingress[a] = name
+	}
+	if err := writePolicy(p.nftIn(t), old, diffPolicy(old.state, newPolState()), true); err != nil {
+		t.Fatalf("writing the per-pod layout: %v", err)
+	}
+	if r := p.kernelState(t); !r.intact || !r.state.equal(old.state) {
+		t.Fatalf("the per-pod layout reads back as %+v (intact %v)", r.state, r.intact)
+	}
+	p.expectConns(t, map[policy.Conn]bool{tcpConn(podD, podB, 80): false, tcpConn(farPod1, podB, 80): true})
+	in0, _, _ := p.pt.Blocked()
+	p.sync(t, nr)
+	if r := p.kernelState(t); !r.intact || !r.state.equal(mustWant(t, nr).state) || len(r.state.chains) != 1 {
+		t.Fatalf("after the Sync: %+v", r.state)
+	}
+	if in, _, _ := p.pt.Blocked(); in < in0 || in0 == 0 {
+		t.Errorf("blocked ingress %d -> %d: the table was rebuilt", in0, in)
+	}
+	p.expectConns(t, map[policy.Conn]bool{tcpConn(podD, podB, 80): false, tcpConn(farPod1, podB, 80): true, tcpConn(farPod1, podC, 53): false})
 }
 
 // TestPolicyAdopt: a second PolicyTable (a router restarted) adopts the
@@ -680,7 +772,7 @@ func TestPolicyAdopt(t *testing.T) {
 
 	delete(nr.Pods, podD)
 	p.sync(t, nr)
-	if h := p.handles(t); fmt.Sprint(h[podChainName(podB, false)]) != fmt.Sprint(h0[podChainName(podB, false)]) {
+	if h, chainB := p.handles(t), p.kernelState(t).state.ingress[podB]; fmt.Sprint(h[chainB]) != fmt.Sprint(h0[chainB]) {
 		t.Errorf("B's chain changed when only D's rules went")
 	}
 	p.expectConns(t, map[policy.Conn]bool{tcpConn(podD, podA, 80): true})
@@ -752,22 +844,36 @@ var (
 
 // TestPolicyKernelMatchesRules: random worlds (as package policy's tests
 // make them) compiled for this node and synced one after the other to the
-// same table, so that every Sync after the first is a diff. After each,
-// real connections between the pods and far away, TCP and UDP, on the
-// ports the policies name: each passes exactly when the node's rules say
+// same table, so that every Sync after the first is a diff (two in three
+// with names that collide). After each, real connections between the
+// pods and far away, TCP and UDP, on the ports the policies name: each
+// passes exactly when the node's rules say
 // (NodeRules.Egress and Ingress); the node's own connections always do.
 func TestPolicyKernelMatchesRules(t *testing.T) {
 	p := newPolEnv(t)
 	local := []netip.Addr{podA, podB, podC, podD}
 	ends := append(slices.Clone(local), farAddrs...)
-	var checked, passed, setSwaps int
+	var checked, passed, setSwaps, rewrites int
 	prev := newPolState()
 	for seed := *policySeed; seed < *policySeed+uint64(*policyWorlds); seed++ {
 		r := rand.New(rand.NewPCG(seed, 0xbeef))
 		w := randPolicyWorld(r, local, []netip.Addr{farPod1, farPod2})
 		nr := policy.Compile(w, "n0")
-		want := mustWant(t, nr)
+		// Two worlds in three with names that collide (one hex digit):
+		// fallback names, and chains and sets of one name that hold
+		// another content than in the last world.
+		p.pt.hash = hashName
+		if seed%3 != 0 {
+			p.pt.hash = weakHashes["1 digit"]
+		}
+		want, err := wantPolicyNamed(nr, p.pt.hash)
+		if err != nil {
+			t.Fatal(err)
+		}
 		o := diffPolicy(want.state, prev)
+		if len(o.writeChains) > len(o.newChains) {
+			rewrites++
+		}
 		for _, d := range o.peerDiffs {
 			if len(d.add) > 0 && len(d.del) > 0 {
 				setSwaps++
@@ -799,7 +905,7 @@ func TestPolicyKernelMatchesRules(t *testing.T) {
 			t.Fatalf("seed %d: the node's own connection to %s was blocked", seed, dst)
 		}
 	}
-	t.Logf("%d worlds, %d connections, %d passed; %d peer sets changed in place with ranges both deleted and added", *policyWorlds, checked, passed, setSwaps)
+	t.Logf("%d worlds, %d connections, %d passed; %d peer sets changed in place with ranges both deleted and added; %d Syncs rewrote a chain", *policyWorlds, checked, passed, setSwaps, rewrites)
 	if passed == 0 || passed == checked {
 		t.Fatalf("degenerate worlds: %d of %d passed", passed, checked)
 	}

@@ -3,12 +3,16 @@ package bridge
 import (
 	"encoding/binary"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/weft-net/weft/policy"
 	"github.com/weft-net/weft/policy/policytest"
@@ -87,7 +91,8 @@ func evalWant(w *polWant, c policy.Conn) bool {
 // TestPolicyEncodingMatchesRules: for random worlds, the table's state
 // that wantPolicy encodes lets a connection through exactly when the
 // node's rules do (NodeRules.Egress and Ingress), for every pair of
-// addresses, both protocols and the ports the policies name.
+// addresses, both protocols and the ports the policies name; also (two
+// worlds in three) with names from hashes that collide.
 func TestPolicyEncodingMatchesRules(t *testing.T) {
 	n := 300
 	if testing.Short() {
@@ -95,9 +100,13 @@ func TestPolicyEncodingMatchesRules(t *testing.T) {
 	}
 	all := slices.Concat(testLocal, testRemote, testOther)
 	checked, allowed := 0, 0
+	hashes := []func(string) string{hashName, weakHashes["1 digit"], weakHashes["constant"]}
 	for seed := range uint64(n) {
 		nr := randNodeRules(seed)
-		w := mustWant(t, nr)
+		w, err := wantPolicyNamed(nr, hashes[seed%3]) // and names that collide
+		if err != nil {
+			t.Fatal(err)
+		}
 		for _, src := range all {
 			for _, dst := range all {
 				if src == dst {
@@ -192,34 +201,36 @@ func TestPolicyDiff(t *testing.T) {
 	}
 }
 
-// TestPolicyDiffOnePod: a change of one pod's rules touches its chain and
-// sets only.
+// TestPolicyDiffOnePod: a change of one pod's peers or ports touches one
+// set only.
 func TestPolicyDiffOnePod(t *testing.T) {
 	a, b := netip.MustParseAddr("10.32.0.2"), netip.MustParseAddr("10.32.0.3")
+	from := policy.Origin{Policy: "default/b", Index: 0}
 	rules := func(port uint16, peers ...policy.Interval) *policy.NodeRules {
 		return &policy.NodeRules{Pods: map[netip.Addr]*policy.PodRules{
 			a: {IP: a, Ingress: policy.Direction{Isolated: true, Rules: []policy.Rule{{AnyPeer: true, Ports: []policy.PortRange{{Protocol: corev1.ProtocolTCP, Lo: 80, Hi: 80}}}}}},
-			b: {IP: b, Ingress: policy.Direction{Isolated: true, Rules: []policy.Rule{{Peers: peers, Ports: []policy.PortRange{{Protocol: corev1.ProtocolTCP, Lo: port, Hi: port}}}}}},
+			b: {IP: b, Ingress: policy.Direction{Isolated: true, Rules: []policy.Rule{{Peers: peers, Ports: []policy.PortRange{{Protocol: corev1.ProtocolTCP, Lo: port, Hi: port}}, From: from}}}},
 		}}
 	}
 	x := policy.Interval{Lo: a, Hi: a}
 	y := policy.Interval{Lo: netip.MustParseAddr("10.32.0.7"), Hi: netip.MustParseAddr("10.32.0.9")}
-	s0 := mustWant(t, rules(80, x)).state
-	o := diffPolicy(mustWant(t, rules(80, x, y)).state, s0)
-	if len(o.peerDiffs) != 1 || o.peerDiffs[0].name != "ingress-10.32.0.3-0-peers" || len(o.peerDiffs[0].add) != 1 || len(o.peerDiffs[0].del) != 0 {
+	w0 := mustWant(t, rules(80, x))
+	bRule := w0.chains[w0.state.ingress[b]].rules[0]
+	o := diffPolicy(mustWant(t, rules(80, x, y)).state, w0.state)
+	if len(o.peerDiffs) != 1 || o.peerDiffs[0].name != bRule.peers || len(o.peerDiffs[0].add) != 1 || len(o.peerDiffs[0].del) != 0 {
 		t.Fatalf("a peer more: %+v", o)
 	}
 	o.peerDiffs = nil
 	if !o.empty() {
 		t.Fatalf("a peer more wrote more than the set: %+v", o)
 	}
-	o = diffPolicy(mustWant(t, rules(81, x)).state, s0)
-	if len(o.portDiffs) != 1 || o.portDiffs[0].name != "ingress-10.32.0.3-0-ports" {
+	// Another port: B's rule names another ports set (the set of TCP 80
+	// is A's too), so B gets another chain.
+	w1 := mustWant(t, rules(81, x))
+	o = diffPolicy(w1.state, w0.state)
+	if len(o.newPortSets) != 1 || len(o.newChains) != 1 || len(o.delChains) != 1 || len(o.mapDel) != 1 || len(o.mapAdd) != 1 ||
+		o.mapAdd[0].addr != b || len(o.peerDiffs)+len(o.portDiffs)+len(o.delPortSets)+len(o.delPeerSets) != 0 {
 		t.Fatalf("another port: %+v", o)
-	}
-	o.portDiffs = nil
-	if !o.empty() {
-		t.Fatalf("another port wrote more than the set: %+v", o)
 	}
 }
 
@@ -368,4 +379,218 @@ func TestWantPolicyRefusesIPv6(t *testing.T) {
 	if _, err := wantPolicy(&policy.NodeRules{Pods: map[netip.Addr]*policy.PodRules{a: {IP: a}}}); err == nil {
 		t.Fatal("an IPv6 pod address was taken")
 	}
+}
+
+// sharedWorld: pods a, b, c of node n0 (app=web) and d (app=db) in
+// namespace default, one remote pod r (app=client) on n1, and a policy
+// that lets web pods take TCP 80 from client pods: the rules of a, b and
+// c come from one policy's rule.
+func sharedWorld() *policy.World {
+	web, client := map[string]string{"app": "web"}, map[string]string{"app": "client"}
+	pod := func(name, ip, node string, labels map[string]string) policy.Pod {
+		return policy.Pod{Namespace: "default", Name: name, IP: netip.MustParseAddr(ip), Node: node, Labels: labels}
+	}
+	tcp := corev1.ProtocolTCP
+	return &policy.World{
+		Namespaces: []policy.Namespace{{Name: "default"}},
+		Pods: []policy.Pod{pod("a", "10.32.0.2", "n0", web), pod("b", "10.32.0.3", "n0", web), pod("c", "10.32.0.4", "n0", web),
+			pod("d", "10.32.0.5", "n0", map[string]string{"app": "db"}), pod("r", "10.32.1.5", "n1", client)},
+		Policies: []networkingv1.NetworkPolicy{{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web"},
+			Spec: networkingv1.NetworkPolicySpec{
+				PodSelector: metav1.LabelSelector{MatchLabels: web},
+				Ingress: []networkingv1.NetworkPolicyIngressRule{{
+					From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: client}}},
+					Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: ptrTo(intstr.FromInt32(80))}},
+				}},
+			},
+		}},
+	}
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+// TestPolicySharedByPolicy: the pods one policy selects share its sets
+// and one chain; a pod that joins the policy's peers changes one set's
+// elements, and nothing else; a pod the policy comes to select gets an
+// element in the map, pointing at that chain; sets and chains that no
+// pod uses any more go.
+func TestPolicySharedByPolicy(t *testing.T) {
+	a, b, c, d := netip.MustParseAddr("10.32.0.2"), netip.MustParseAddr("10.32.0.3"), netip.MustParseAddr("10.32.0.4"), netip.MustParseAddr("10.32.0.5")
+	w := sharedWorld()
+	s0 := mustWant(t, policy.Compile(w, "n0")).state
+	if len(s0.chains) != 1 || len(s0.peerSets) != 1 || len(s0.portSets) != 1 || len(s0.ingress) != 3 ||
+		s0.ingress[a] != s0.ingress[b] || s0.ingress[a] != s0.ingress[c] {
+		t.Fatalf("three pods selected by one policy: %+v, want one chain and one set of each kind for all three", s0)
+	}
+
+	// d joins the peers (it is a client now): one set gets one element.
+	w.Pods[3].Labels = map[string]string{"app": "client"}
+	s1 := mustWant(t, policy.Compile(w, "n0")).state
+	o := diffPolicy(s1, s0)
+	if len(o.peerDiffs) != 1 || len(o.peerDiffs[0].add) != 1 || len(o.peerDiffs[0].del) != 0 {
+		t.Fatalf("a pod joining the peers: %+v", o)
+	}
+	o.peerDiffs = nil
+	if !o.empty() {
+		t.Fatalf("a pod joining the peers wrote more than the set: %s", o)
+	}
+	checkDiff(t, s0, s1)
+
+	// d is a web pod now: it is selected, and its ingress goes to the
+	// same chain; it leaves the peers.
+	w.Pods[3].Labels = map[string]string{"app": "web"}
+	s2 := mustWant(t, policy.Compile(w, "n0")).state
+	o = diffPolicy(s2, s1)
+	if len(o.mapAdd) != 1 || o.mapAdd[0].addr != d || o.mapAdd[0].chain != s0.ingress[a] || len(o.peerDiffs) != 1 ||
+		len(o.newChains)+len(o.writeChains)+len(o.delChains)+len(o.newPeerSets)+len(o.newPortSets)+len(o.mapDel) != 0 {
+		t.Fatalf("a pod the policy comes to select: %s", o)
+	}
+	checkDiff(t, s1, s2)
+
+	// No pod is selected any more: the chain, its sets and the map
+	// elements go.
+	w.Policies[0].Spec.PodSelector.MatchLabels = map[string]string{"app": "none"}
+	s3 := mustWant(t, policy.Compile(w, "n0")).state
+	o = diffPolicy(s3, s2)
+	if len(o.delChains) != 1 || len(o.delPeerSets) != 1 || len(o.delPortSets) != 1 || len(o.mapDel) != 4 || !s3.equal(newPolState()) {
+		t.Fatalf("no pod selected: %s; state %+v", o, s3)
+	}
+	checkDiff(t, s2, s3)
+}
+
+// TestPolicyChainPerCombination: pods selected by the same policies
+// share a chain, pods selected by others get others; the sets of a
+// policy's rule are shared by all chains that have the rule.
+func TestPolicyChainPerCombination(t *testing.T) {
+	a, b, c := netip.MustParseAddr("10.32.0.2"), netip.MustParseAddr("10.32.0.3"), netip.MustParseAddr("10.32.0.4")
+	w := sharedWorld()
+	tcp := corev1.ProtocolTCP
+	more := w.Policies[0].DeepCopy()
+	more.Name = "b-too"
+	more.Spec.PodSelector.MatchLabels = map[string]string{"extra": "yes"}
+	more.Spec.Ingress[0].Ports = []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: ptrTo(intstr.FromInt32(443))}}
+	w.Policies = append(w.Policies, *more)
+	w.Pods[1].Labels = map[string]string{"app": "web", "extra": "yes"}
+	want := mustWant(t, policy.Compile(w, "n0"))
+	s := want.state
+	if len(s.chains) != 2 || s.ingress[a] != s.ingress[c] || s.ingress[a] == s.ingress[b] {
+		t.Fatalf("a and c selected by one policy, b by it and another: %+v", s)
+	}
+	if len(s.peerSets) != 2 || len(s.portSets) != 2 {
+		t.Fatalf("two policies' rules: %d peers sets and %d ports sets, want 2 and 2: %+v", len(s.peerSets), len(s.portSets), s)
+	}
+	ra, rb := want.chains[s.ingress[a]].rules, want.chains[s.ingress[b]].rules
+	if len(ra) != 1 || len(rb) != 2 || rb[0].peers != ra[0].peers || rb[0].ports != ra[0].ports {
+		t.Fatalf("the first policy's rule in both chains: %+v and %+v", ra, rb)
+	}
+}
+
+// weakHashes make names collide: one hex digit, and one name for all.
+var weakHashes = map[string]func(string) string{
+	"sha256":   hashName,
+	"1 digit":  func(k string) string { return hashName(k)[:1] },
+	"constant": func(string) string { return "0" },
+}
+
+// withOrigin is nr with every rule saying it comes from o: the zero
+// Origin (no rule says where it comes from), or one for all (rules that
+// claim one origin but have different peers).
+func withOrigin(nr *policy.NodeRules, o policy.Origin) *policy.NodeRules {
+	out := &policy.NodeRules{Node: nr.Node, Pods: map[netip.Addr]*policy.PodRules{}}
+	for a, pr := range nr.Pods {
+		c := *pr
+		for _, d := range []*policy.Direction{&c.Ingress, &c.Egress} {
+			d.Rules = slices.Clone(d.Rules)
+			for i := range d.Rules {
+				d.Rules[i].From = o
+			}
+		}
+		out.Pods[a] = &c
+	}
+	return out
+}
+
+// TestPolicyNamesNeverShared: for random worlds, with names from hashes
+// that collide and from sha256, with the rules' origins, without, and
+// with one origin claimed by all rules, every rule of every pod names sets that hold exactly its own peers and
+// ports, and the chain the map gives a pod has exactly its rules: two
+// different contents never get one name. Names stay short and depend
+// only on the rules (not on the order in which a map yields them).
+func TestPolicyNamesNeverShared(t *testing.T) {
+	shared := 0
+	for seed := range uint64(300) {
+		for _, from := range []*policy.Origin{nil, {}, {Policy: "default/one"}} {
+			nr := randNodeRules(seed)
+			if from != nil {
+				nr = withOrigin(nr, *from)
+			}
+			for hn, hash := range weakHashes {
+				w, err := wantPolicyNamed(nr, hash)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for a, pr := range nr.Pods {
+					for _, egress := range []bool{false, true} {
+						d := pr.Ingress
+						if egress {
+							d = pr.Egress
+						}
+						name, ok := w.state.mapOf(egress)[a]
+						if ok != d.Isolated {
+							t.Fatalf("seed %d, %s: pod %s %s: in the map %v, isolated %v", seed, hn, a, dirName(egress), ok, d.Isolated)
+						}
+						if !ok {
+							continue
+						}
+						ch := w.chains[name]
+						if ch.egress != egress || len(ch.rules) != len(d.Rules) || !slices.Equal(w.state.chains[name], ch.comments()) {
+							t.Fatalf("seed %d, %s: pod %s %s: chain %s is %+v for rules %+v", seed, hn, a, dirName(egress), name, ch, d.Rules)
+						}
+						for i, r := range d.Rules {
+							pr := ch.rules[i]
+							if (pr.peers == "") != r.AnyPeer || (pr.ports == "") != r.AnyPort {
+								t.Fatalf("seed %d, %s: pod %s rule %d: %+v for %+v", seed, hn, a, i, pr, r)
+							}
+							if pr.peers != "" && !slices.Equal(w.state.peerSets[pr.peers], peersOf(r.Peers)) {
+								t.Fatalf("seed %d, %s: pod %s rule %d: set %s holds %v, the rule's peers are %v", seed, hn, a, i, pr.peers, w.state.peerSets[pr.peers], peersOf(r.Peers))
+							}
+							if pr.ports != "" && !slices.Equal(w.state.portSets[pr.ports], portsOf(r.Ports)) {
+								t.Fatalf("seed %d, %s: pod %s rule %d: set %s holds %v, the rule's ports are %v", seed, hn, a, i, pr.ports, w.state.portSets[pr.ports], portsOf(r.Ports))
+							}
+						}
+					}
+				}
+				for _, names := range [][]string{sortedKeys(w.state.chains), sortedKeys(w.state.peerSets), sortedKeys(w.state.portSets)} {
+					for _, n := range names {
+						if len(n) >= 28 {
+							t.Fatalf("seed %d, %s: name %q is %d bytes", seed, hn, n, len(n))
+						}
+					}
+				}
+				if len(w.state.chains) < len(w.state.ingress)+len(w.state.egress) {
+					shared++
+				}
+				// The same rules in another map order: the same names.
+				again, _ := wantPolicyNamed(shuffledPods(nr, seed), hash)
+				if !again.state.equal(w.state) {
+					t.Fatalf("seed %d, %s: the same rules encoded twice:\n%+v\n%+v", seed, hn, w.state, again.state)
+				}
+			}
+		}
+	}
+	if shared == 0 {
+		t.Fatal("no world had two pods on one chain: the test proves nothing")
+	}
+}
+
+// shuffledPods is nr in a new map, filled in another order.
+func shuffledPods(nr *policy.NodeRules, seed uint64) *policy.NodeRules {
+	out := &policy.NodeRules{Node: nr.Node, Pods: map[netip.Addr]*policy.PodRules{}}
+	addrs := slices.SortedFunc(maps.Keys(nr.Pods), netip.Addr.Compare)
+	rand.New(rand.NewPCG(seed, 7)).Shuffle(len(addrs), func(i, j int) { addrs[i], addrs[j] = addrs[j], addrs[i] })
+	for _, a := range addrs {
+		out.Pods[a] = nr.Pods[a]
+	}
+	return out
 }
