@@ -922,8 +922,10 @@ func dumpRules(nr *policy.NodeRules) string {
 
 // scaleRules are the rules of pods pods, each isolated both ways with two
 // rules: peers from a selector (every 7th pod) on TCP 80 and UDP 53, and
-// an ipBlock with an except on any port.
-func scaleRules(pods int, extra bool) *policy.NodeRules {
+// an ipBlock with an except on any port. Pod i is selected by policy
+// i % policies, each with these rules, as policy.Compile gives them
+// (Rule.From). With extra, one pod more matches the selector.
+func scaleRules(pods, policies int, extra bool) *policy.NodeRules {
 	addr := func(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 32, byte(i / 250), byte(2 + i%250)}) }
 	var sel []policy.Interval
 	for i := 0; i < pods; i += 7 {
@@ -932,25 +934,36 @@ func scaleRules(pods int, extra bool) *policy.NodeRules {
 	if extra {
 		sel = append(sel, policy.Interval{Lo: addr(pods + 1), Hi: addr(pods + 1)})
 	}
-	rules := []policy.Rule{
-		{Peers: sel, Ports: []policy.PortRange{{Protocol: corev1.ProtocolTCP, Lo: 80, Hi: 80}, {Protocol: corev1.ProtocolUDP, Lo: 53, Hi: 53}}},
-		{Peers: []policy.Interval{iv("0.0.0.0", "9.255.255.255"), iv("11.0.0.0", "255.255.255.255")}, AnyPort: true},
+	rules := func(pol int, egress bool) []policy.Rule {
+		from := policy.Origin{Policy: fmt.Sprintf("default/scale-%d", pol), Egress: egress}
+		r := []policy.Rule{
+			{Peers: sel, Ports: []policy.PortRange{{Protocol: corev1.ProtocolTCP, Lo: 80, Hi: 80}, {Protocol: corev1.ProtocolUDP, Lo: 53, Hi: 53}}, From: from},
+			{Peers: []policy.Interval{iv("0.0.0.0", "9.255.255.255"), iv("11.0.0.0", "255.255.255.255")}, AnyPort: true, From: from},
+		}
+		r[1].From.Index = 1
+		return r
 	}
 	nr := &policy.NodeRules{Pods: map[netip.Addr]*policy.PodRules{}}
 	for i := range pods {
 		a := addr(i)
-		nr.Pods[a] = &policy.PodRules{IP: a, Ingress: policy.Direction{Isolated: true, Rules: rules}, Egress: policy.Direction{Isolated: true, Rules: rules}}
+		nr.Pods[a] = &policy.PodRules{IP: a, Ingress: policy.Direction{Isolated: true, Rules: rules(i%policies, false)},
+			Egress: policy.Direction{Isolated: true, Rules: rules(i%policies, true)}}
 	}
 	return nr
 }
 
-var scalePods = flag.Int("bridge.policy-scale-pods", 1000, "pods of BenchmarkPolicySync")
+var (
+	scalePods     = flag.Int("bridge.policy-scale-pods", 1000, "pods of BenchmarkPolicySync")
+	scalePolicies = flag.Int("bridge.policy-scale-policies", 1, "policies that select the pods of BenchmarkPolicySync (pod i: policy i % N); as many as pods: nothing is shared")
+)
 
 // BenchmarkPolicySync: a node with 1,000 pods (-bridge.policy-scale-pods),
-// each isolated both ways (2,000 chains, 6,000 sets); the first Sync and
-// an adopting one are logged; each iteration is a Sync in which one pod
-// joins a selector that every pod's rules name (2,000 sets change by one
-// element).
+// each isolated both ways by one policy (-bridge.policy-scale-policies),
+// so with 1 policy 2 chains and 5 sets (the ports set is the same for all
+// rules), with 1,000 policies 2,000 chains and 4,001 sets; the first Sync
+// and an adopting one are logged; each iteration is a Sync in which one
+// pod joins a selector that every policy's rules name (2 sets per policy
+// change by one element).
 func BenchmarkPolicySync(b *testing.B) {
 	skipUnlessRootB(b)
 	n := newNSB(b)
@@ -959,12 +972,13 @@ func BenchmarkPolicySync(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer pt.Close()
-	base, more := scaleRules(*scalePods, false), scaleRules(*scalePods, true)
+	base, more := scaleRules(*scalePods, *scalePolicies, false), scaleRules(*scalePods, *scalePolicies, true)
 	start := time.Now()
 	if err := pt.Sync(base); err != nil {
 		b.Fatal(err)
 	}
-	b.Logf("first Sync of %d pods: %v", *scalePods, time.Since(start))
+	b.Logf("first Sync of %d pods (%d policies, %d chains, %d sets): %v", *scalePods, *scalePolicies,
+		len(pt.have.chains), len(pt.have.peerSets)+len(pt.have.portSets), time.Since(start))
 	pt2, err := NewPolicyTable(PolicyConfig{NSPath: n.Path()})
 	if err != nil {
 		b.Fatal(err)
