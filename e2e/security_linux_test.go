@@ -488,6 +488,15 @@ func (c *capture) routineRead() {
 	}
 }
 
+// frames is what the capture has read so far. A frame is read a moment
+// after it crossed the link (later on a busy machine): wait on frames for
+// the frame a test needs before stop, which drops what is not read yet.
+func (c *capture) frames() [][]byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.pkts)
+}
+
 // stop ends the capture and returns the frames it saw.
 func (c *capture) stop() ([][]byte, error) {
 	c.f.Close()
@@ -955,22 +964,34 @@ func testReplay(t *testing.T, r *markerRun) {
 		t.Fatal(err)
 	}
 	arrived := r.sink.waitSeq(r.marker, seq, 5*time.Second)
-	frames, err := cp.stop()
 	if !arrived {
+		cp.stop()
 		t.Fatalf("marker datagram %d never reached %s\n%s", seq, r.to, routerLogs(r.c))
 	}
+	// Its frame: header, IPv4 and UDP headers, the datagram, the tag; the
+	// only one of that size in this capture. It crossed the bridge before
+	// it arrived, but the capture may not have read it yet.
+	size := frameHeaderLen + 28 + markerLen + aeadTagLen
+	sealedIn := func(frames [][]byte) [][]byte {
+		var sealed [][]byte
+		for _, d := range dataFrames(udpDatagrams(frames), n0, n1) {
+			if len(d.Payload) == size {
+				sealed = append(sealed, d.Payload)
+			}
+		}
+		return sealed
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	WaitUntil(t, wctx, "the capture to read the sealed marker frame", func() (bool, string) {
+		n := len(sealedIn(cp.frames()))
+		return n > 0, fmt.Sprintf("%d frames of %d bytes read", n, size)
+	})
+	cancel()
+	frames, err := cp.stop()
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Its frame: header, IPv4 and UDP headers, the datagram, the tag; the
-	// only one of that size in this capture.
-	size := frameHeaderLen + 28 + markerLen + aeadTagLen
-	var sealed [][]byte
-	for _, d := range dataFrames(udpDatagrams(frames), n0, n1) {
-		if len(d.Payload) == size {
-			sealed = append(sealed, d.Payload)
-		}
-	}
+	sealed := sealedIn(frames)
 	if len(sealed) != 1 {
 		t.Fatalf("the capture holds %d data frames n0->n1 of %d bytes (a sealed marker datagram), want 1", len(sealed), size)
 	}
