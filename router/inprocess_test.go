@@ -573,8 +573,22 @@ func testInProcessCluster(t *testing.T, password string) {
 	} else if password == "" && inClear == 0 {
 		t.Errorf("without a password, no pod payload was seen on the underlay: the tap sees nothing")
 	}
+	// Every router has a data path to both others. The packets above
+	// went r1 to r3 and r3 to r2, so r1 may still be reconnecting to the
+	// restarted r2 (under load its rejoin is seen later): wait for it,
+	// then check what each path is.
 	for _, n := range nodes {
-		rep := n.report(t, hc)
+		var rep inprocReport
+		waitUntil(t, fmt.Sprintf("%s to have a data path to both other routers", n.name), func() bool {
+			rep = n.report(t, hc)
+			data := 0
+			for _, c := range rep.Router.Connections {
+				if c.Mode != "" {
+					data++
+				}
+			}
+			return data >= 2
+		})
 		data := 0
 		for _, c := range rep.Router.Connections {
 			if c.Mode == "" {
