@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -63,8 +64,17 @@ type Transport struct {
 	done   chan struct{}            // closed when RunMembers ends: the retries stop
 	closed bool
 	wg     sync.WaitGroup
+	// The ring over the broadcast limit being spread (Broadcast), its
+	// generation, whether routineSpread runs, and this peer's ranges in
+	// the last ring broadcast (nil before the first).
+	spreadData []byte
+	spreadGen  uint64
+	spreading  bool
+	lastOwned  []ipalloc.Range
 	// Counters for tests and the scale harness.
 	parkedN, unparkedN, expiredN, resentN, resendFailedN uint64
+	spreadN, spreadSentN, spreadFailedN, deferredN       uint64
+	overLimitN                                           uint64
 }
 
 type parking struct {
@@ -93,7 +103,187 @@ const (
 	resendAfter = time.Second
 )
 
-func (t *Transport) Broadcast(data []byte) error { return t.ch.Broadcast(data) }
+// Broadcast gossips data on the channel, and spreads a ring in which this
+// peer's own ranges changed to every peer by unicast, as below.
+func (t *Transport) Broadcast(data []byte) error {
+	owned, ring := t.ownedIn(data)
+	t.mu.Lock()
+	changed := ring && len(t.lastOwned) > 0 && !slices.Equal(owned, t.lastOwned)
+	if ring {
+		t.lastOwned = owned
+	}
+	t.mu.Unlock()
+	err := t.ch.Broadcast(data)
+	tooLarge := errors.Is(err, mesh.ErrTooLarge)
+	if !ring || err != nil && !tooLarge {
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if tooLarge {
+		t.overLimitN++
+	}
+	if !changed {
+		if tooLarge {
+			t.deferredN++
+		}
+		return nil
+	}
+	t.spreadN++
+	t.spreadData, t.spreadGen = data, t.spreadGen+1
+	if t.spreading || t.closed {
+		return nil
+	}
+	t.spreading = true
+	t.wg.Add(1)
+	go t.routineSpread()
+	return nil
+}
+
+// Spreading a ring. The core broadcasts its whole ring when this peer's
+// own ranges change (a donation given or taken, a reclaim, a leave) and,
+// every gossip interval, when anything else in it changed: its free
+// counts, or news merged from a peer's ring (that is how rings relay).
+// That relay
+// carries news to everyone only while every ring fits a broadcast: one
+// broadcast reaches about RetransmitMult*log10(N) peers, and a ring over
+// the limit (mesh.MaxBroadcastSize: the whole ring passes it at about 60
+// owners of an evenly claimed ring, and from about 20 once donations have
+// split the ranges) is refused, the relays' too. Near the limit, where
+// some nodes' rings fit and others' do not, a change died out half way
+// (a donation to a 65th node reached 13 of 65 nodes in 3 minutes with
+// push-pull off); past it, a change reached the other peers only by
+// push-pull (a random peer every 30 s to 3 min), so a range donated to a
+// new node stayed unknown to most of the cluster for minutes: their
+// routes to its pods went to the donor.
+//
+// Now a ring in which this peer's own ranges differ from the ring it
+// broadcast before is also unicast to every peer the mesh sees alive,
+// whatever its size, spreadConcurrency streams at a time, off the core's
+// send routine; a failed stream is sent again as any ring is (failed). A newer ring
+// replaces the one being spread: the peers not reached yet get the newer
+// one, and a pass that saw a newer ring starts over for the peers it
+// already sent the older one, at most one pass per spreadEvery. Left to
+// the broadcast and to push-pull: a ring in which this peer's ranges did
+// not change (free counts only guide the choice of a donor, and another
+// peer's change is that peer's to spread); the first ring this transport
+// broadcasts (a claim that every peer made alike, or a restart's ring,
+// which the others know: else a consensus claim of N peers would cost
+// N(N-1) streams); and the first ranges of a peer that owned none (a
+// newcomer's donation: its donor, whose ranges shrank, spreads the same
+// change). One change costs N-1 streams of the whole ring (about 16 KB
+// at 1,000 owners); docs/benchmarks.md, Scale, has the figures; ring
+// deltas would cut the size.
+const (
+	spreadConcurrency = 8
+	spreadEvery       = time.Second
+)
+
+// ownedIn decodes data and, if it is a ring, lists this peer's ranges in
+// it (never nil).
+func (t *Transport) ownedIn(data []byte) ([]ipalloc.Range, bool) {
+	m, err := ipalloc.DecodeMsg(data)
+	if err != nil {
+		return nil, false
+	}
+	rm, ok := m.(*ipalloc.RingMsg)
+	if !ok || rm.Ring == nil {
+		return nil, false
+	}
+	owned := rm.Ring.Owned(ipalloc.PeerName(t.m.Name()))
+	if owned == nil {
+		owned = []ipalloc.Range{}
+	}
+	return owned, true
+}
+
+// routineSpread unicasts the newest ring to spread to every live peer,
+// pass after pass while a newer one came during the pass.
+func (t *Transport) routineSpread() {
+	defer t.wg.Done()
+	for {
+		t.mu.Lock()
+		gen := t.spreadGen
+		t.mu.Unlock()
+		began := time.Now()
+		var peers []mesh.PeerName
+		for _, p := range t.m.Peers() {
+			if !p.Self && (p.State == mesh.StateAlive || p.State == mesh.StateSuspect) {
+				peers = append(peers, p.Name)
+			}
+		}
+		sem := make(chan struct{}, spreadConcurrency)
+		var pass sync.WaitGroup
+	peersLoop:
+		for _, p := range peers {
+			select {
+			case <-t.done:
+				break peersLoop
+			default:
+			}
+			select {
+			case <-t.done:
+				break peersLoop
+			case sem <- struct{}{}:
+			}
+			t.mu.Lock()
+			data := t.spreadData // the newest: a ring is state
+			t.mu.Unlock()
+			pass.Add(1)
+			go func() {
+				defer pass.Done()
+				defer func() { <-sem }()
+				err := t.ch.SendTo(p, data)
+				t.mu.Lock()
+				if err == nil {
+					t.spreadSentN++
+				} else {
+					t.spreadFailedN++
+				}
+				t.mu.Unlock()
+				if err != nil {
+					t.failed(p, data, err)
+				}
+			}()
+		}
+		pass.Wait()
+		t.mu.Lock()
+		if t.spreadGen == gen || t.closed {
+			t.spreading = false
+			t.mu.Unlock()
+			return
+		}
+		t.mu.Unlock()
+		// A newer ring came during the pass: the next pass starts
+		// spreadEvery after this one began, so that a burst of changes
+		// (a seed donating to many new nodes) costs a pass a second,
+		// with the newest ring, not a pass each.
+		timer := time.NewTimer(spreadEvery - time.Since(began))
+		select {
+		case <-t.done:
+			timer.Stop()
+			t.mu.Lock()
+			t.spreading = false
+			t.mu.Unlock()
+			return
+		case <-timer.C:
+		}
+	}
+}
+
+// Spread counts what Broadcast did with rings: those spread by unicast
+// (Rings, of any size), the unicasts that carried them (Sent, Failed:
+// failed ones are sent again as any failed ring), the rings over the
+// broadcast limit (OverLimit, spread or not), and those of them left to
+// push-pull alone (Deferred: free counts only, the first, a newcomer's).
+type Spread struct{ Rings, Sent, Failed, OverLimit, Deferred uint64 }
+
+// Spread returns the counts of spread rings.
+func (t *Transport) Spread() Spread {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return Spread{t.spreadN, t.spreadSentN, t.spreadFailedN, t.overLimitN, t.deferredN}
+}
 
 func (t *Transport) SendTo(p ipalloc.PeerName, data []byte) error {
 	err := t.ch.SendTo(mesh.PeerName(p), data)

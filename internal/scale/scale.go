@@ -25,6 +25,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -138,9 +139,23 @@ type Node struct {
 	ringFrom               map[mesh.PeerName]string // sender -> how (unicast, broadcast, state)
 }
 
-// TooLarge counts the ipam broadcasts the mesh refused as larger than
-// mesh.MaxBroadcastSize (the whole ring, past about 13 owners).
-func (n *Node) TooLarge() uint64 { return n.tooLarge.Load() }
+// TooLarge counts the ipam broadcasts larger than mesh.MaxBroadcastSize
+// (the whole ring, past about 20 owners once donations split it): the
+// rings the transport spread by unicast or left to push-pull, and any
+// other message the mesh refused as too large.
+func (n *Node) TooLarge() uint64 {
+	s := n.Spread()
+	return n.tooLarge.Load() + s.OverLimit
+}
+
+// Spread is what the node's transport did with its rings
+// (ipammesh.Transport.Spread).
+func (n *Node) Spread() ipammesh.Spread {
+	if n.tr == nil {
+		return ipammesh.Spread{}
+	}
+	return n.tr.Spread()
+}
 
 // LastSendError is the text of the last send the mesh refused, or "".
 func (n *Node) LastSendError() string {
@@ -517,6 +532,28 @@ func OneRing(nodes []*Node) (bool, int) {
 		}
 	}
 	return true, len(first.Peers())
+}
+
+// SameOwners reports whether every node's ring gives every address to the
+// same owner (what routes follow), whatever their free counts say.
+func SameOwners(nodes []*Node) bool {
+	if len(nodes) == 0 {
+		return true
+	}
+	owners := func(r *ipalloc.Ring) []ipalloc.Entry {
+		out := make([]ipalloc.Entry, len(r.Entries))
+		for i, e := range r.Entries {
+			out[i] = ipalloc.Entry{Token: e.Token, Peer: e.Peer}
+		}
+		return out
+	}
+	first := owners(nodes[0].Svc.Ring())
+	for _, n := range nodes[1:] {
+		if !slices.Equal(owners(n.Svc.Ring()), first) {
+			return false
+		}
+	}
+	return true
 }
 
 // Owns reports whether every node's ring gives owner some space.

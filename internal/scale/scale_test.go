@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weft-net/weft/internal/ipammesh"
 	"github.com/weft-net/weft/ipalloc"
 	"github.com/weft-net/weft/mesh"
 )
@@ -140,12 +141,18 @@ func TestClusterConverges(t *testing.T) {
 // node unicasts to a peer it learns of, parked when the mesh does not see
 // that peer yet, sent again when it fails, and the pull of the last ones
 // missing. A cluster of 20 claims from a seed list, every node allocates
-// (the donations split the ring past the mesh's broadcast limit, so ring
-// broadcasts are refused and carry nothing), then a late node joins and
-// must get an address, and must have got the ring of every node as a ring
-// message. Before the glue parked and pulled, the unicasts to peers the
-// mesh did not see yet were lost ("unknown peer": 19 of 20 here) and only
-// donations and the broadcasts that fit brought rings, after 70 s.
+// (the donations split the ring, past the mesh's broadcast limit at
+// times), then a late node joins and must get an address, must have got
+// the ring of every node as a ring message, and its donation must reach
+// every node. Before the glue parked and pulled, the unicasts to peers
+// the mesh did not see yet were lost ("unknown peer": 19 of 20) and only
+// donations and the broadcasts that fit brought rings, after 70 s; before
+// it spread a change of the sender's ranges by unicast, the donation
+// reached only the donor, the late node and the few peers the donor's
+// broadcast went to (memberlist sends one to about RetransmitMult*log10(N)
+// peers, and the ipam channel does not relay), or none when the ring was
+// over the limit. 64 and 100 nodes are scalebench's (make bench): here
+// under -race on a busy machine, 64 nodes took minutes to allocate.
 func TestLateNodeGetsRingsWithoutPushPull(t *testing.T) {
 	const n = 20
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -222,5 +229,37 @@ func TestLateNodeGetsRingsWithoutPushPull(t *testing.T) {
 	}
 	if _, dropped := Refused(append(nodes, late)); dropped != 0 {
 		t.Errorf("%d messages dropped on a full inbox", dropped)
+	}
+
+	// The donation that gave the late node its space must reach every
+	// node without a push-pull: the donor's ring is over the broadcast
+	// limit, so the transport spreads it by unicast. Before it did, the
+	// mesh refused the broadcast and the nodes that neither gave nor took
+	// learnt of the donation only by push-pull, here never.
+	all := append(nodes, late)
+	if err := WaitFor(ctx, 50*time.Millisecond, func() bool { return Owns(all, late.Name) }); err != nil {
+		var knew []mesh.PeerName
+		for _, nd := range all {
+			if len(nd.Svc.Ring().Owned(ipalloc.PeerName(late.Name))) > 0 {
+				knew = append(knew, nd.Name)
+			}
+		}
+		t.Fatalf("the late node's donation reached only %v of the %d nodes: %v", knew, len(all), err)
+	}
+	var spread ipammesh.Spread
+	for _, nd := range all {
+		s := nd.Spread()
+		spread.Rings += s.Rings
+		spread.Sent += s.Sent
+		spread.Failed += s.Failed
+		spread.OverLimit += s.OverLimit
+		spread.Deferred += s.Deferred
+	}
+	r := late.Svc.Ring()
+	t.Logf("the ring: %d entries, %d bytes as a message (broadcast limit %d)", len(r.Entries), len(ipalloc.EncodeMsg(&ipalloc.RingMsg{Ring: r})), mesh.MaxBroadcastSize)
+	t.Logf("rings spread by unicast: %d, by %d unicasts (%d failed); over the broadcast limit: %d, of which left to push-pull alone %d",
+		spread.Rings, spread.Sent, spread.Failed, spread.OverLimit, spread.Deferred)
+	if spread.Rings == 0 || spread.Sent == 0 {
+		t.Errorf("no ring was spread by unicast: the test does not exercise the spread")
 	}
 }
