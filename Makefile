@@ -96,6 +96,7 @@ bench: deps build
 	$(GO) run ./mesh/cmd/meshbench -n 10,50,100 -loss 0,0.1 -runs 5 -idle 30s
 	$(GO) run ./e2e/cmd/scalebench -init seed -n 10,100,300 -idle 20s -timeout 120s
 	$(GO) run ./e2e/cmd/scalebench -init consensus -n 10,100 -idle 20s -timeout 120s
+	$(GO) run ./e2e/cmd/scalebench -init seed -pods -n 64,100 -idle 20s -timeout 120s
 	$(GO) test -run '^$$' -bench Ring ./internal/scale/
 	$(GO) run ./tunnel/cmd/tunnelbench
 	$(GO) run ./e2e/cmd/podbench

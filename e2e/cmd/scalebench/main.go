@@ -24,6 +24,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/weft-net/weft/internal/ipammesh"
 	"github.com/weft-net/weft/internal/scale"
 	"github.com/weft-net/weft/ipalloc"
 	"github.com/weft-net/weft/mesh"
@@ -39,6 +40,7 @@ func main() {
 		bound    = flag.Duration("timeout", 3*time.Minute, "bound of each phase")
 		initMode = flag.String("init", "consensus", "first claim: consensus (consensus=N on every node) or seed (seed= the first three nodes, on every node)")
 		verbose  = flag.Bool("v", false, "log the nodes at warn")
+		pods     = flag.Bool("pods", false, "one address allocated on every node before the idle window (a pod on every node: the donations split the ring, past the broadcast limit from about 60 nodes)")
 	)
 	flag.Parse()
 	level := slog.LevelError + 1
@@ -57,7 +59,7 @@ func main() {
 	}
 	fmt.Printf("%s, %d CPUs, load %s, init %s, loss %g%%, delay %s, push-pull %s (memberlist scales it up above 32 peers)\n\n",
 		time.Now().UTC().Format(time.RFC3339), runtime.NumCPU(), load(), *initMode, *loss*100, *delay, shown)
-	fmt.Println("| N | first claim, all | one ring, all | late node's first address | its donation seen by all | idle B/node/s | converging B/node/s | largest ipam msg sent / state | largest packet / stream | heap/node | CPU/node idle | ring broadcasts too large | load |")
+	fmt.Println("| N | first claim, all | one ring, all | late node's first address | its donation seen by all | idle B/node/s | converging B/node/s | largest ipam msg sent / state | largest packet / stream | heap/node | CPU/node idle | rings over the broadcast limit | load |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, f := range strings.Split(*ns, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -65,7 +67,7 @@ func main() {
 			fmt.Fprintf(os.Stderr, "scalebench: bad size %q\n", f)
 			os.Exit(2)
 		}
-		row, err := bench(n, *initMode, scale.Config{Loss: *loss, Delay: *delay, Timings: tm, Log: log, Seed: uint64(n)}, *idle, *bound)
+		row, err := bench(n, *initMode, *pods, scale.Config{Loss: *loss, Delay: *delay, Timings: tm, Log: log, Seed: uint64(n)}, *idle, *bound)
 		if err != nil {
 			// A phase that did not end is a result too: its row says
 			// where the nodes were.
@@ -76,7 +78,7 @@ func main() {
 	}
 }
 
-func bench(n int, initMode string, cfg scale.Config, idle, bound time.Duration) (string, error) {
+func bench(n int, initMode string, pods bool, cfg scale.Config, idle, bound time.Duration) (string, error) {
 	dir, err := os.MkdirTemp("", "scalebench-")
 	if err != nil {
 		return "", err
@@ -129,6 +131,46 @@ func bench(n int, initMode string, cfg scale.Config, idle, bound time.Duration) 
 	fmt.Fprintf(os.Stderr, "scalebench: N=%d: ring unicasts until one ring: %d (N(N-1)/2 = %d)\n", n, c.RingUnicasts(), n*(n-1)/2)
 	if _, err := phase("mesh", func() bool { return scale.SeeAll(nodes, n) }); err != nil {
 		return "", err
+	}
+
+	if pods {
+		// A pod on every node, retried as kubelet retries a failed ADD.
+		began := time.Now()
+		pctx, cancel := context.WithTimeout(ctx, bound)
+		errs := make(chan error, n)
+		for i, nd := range nodes {
+			go func() {
+				var err error
+				for {
+					_, _, err = nd.Svc.Allocate(pctx, ipalloc.Key{ContainerID: fmt.Sprintf("pod-%d", i), IfName: "eth0"}, ipalloc.Meta{PodName: "p"})
+					if err == nil || pctx.Err() != nil {
+						break
+					}
+				}
+				errs <- err
+			}()
+		}
+		var failed error
+		for range n {
+			if err := <-errs; err != nil {
+				failed = err
+			}
+		}
+		cancel()
+		if failed != nil {
+			return "", fmt.Errorf("N=%d: a pod on every node: %v; %s", n, failed, diagnose(nodes))
+		}
+		took := time.Since(began)
+		r := nodes[0].Svc.Ring()
+		fmt.Fprintf(os.Stderr, "scalebench: N=%d: a pod on every node in %s; node0000's ring: %d entries, %d bytes as a message\n",
+			n, took.Round(time.Millisecond), len(r.Entries), len(ipalloc.EncodeMsg(&ipalloc.RingMsg{Ring: r})))
+		// Every node's ring giving every range to the same owner (what
+		// the routes follow); the free counts follow by push-pull.
+		if d, err := phase("the same owners everywhere after the pods", func() bool { return scale.SameOwners(nodes) }); err != nil {
+			fmt.Fprintf(os.Stderr, "scalebench: %v\n", err)
+		} else {
+			fmt.Fprintf(os.Stderr, "scalebench: N=%d: the same owners on every node %s after the last pod's address\n", n, d.Round(time.Millisecond))
+		}
 	}
 
 	// Idle: bytes and CPU over the window, then the heap.
@@ -195,13 +237,21 @@ func bench(n int, initMode string, cfg scale.Config, idle, bound time.Duration) 
 	busyBps := float64(c.BytesSent()-b0) / time.Since(t0).Seconds() / float64(n+1)
 
 	var maxSent, maxState, maxPkt, maxStream, tooLarge uint64
+	var spread ipammesh.Spread
 	for _, nd := range c.Nodes() {
 		maxSent = max(maxSent, nd.MaxSent())
 		maxState = max(maxState, nd.MaxState())
 		maxPkt = max(maxPkt, nd.Lossy.MaxPacket())
 		maxStream = max(maxStream, nd.Lossy.MaxStream())
 		tooLarge += nd.TooLarge()
+		s := nd.Spread()
+		spread.Rings += s.Rings
+		spread.Sent += s.Sent
+		spread.Failed += s.Failed
+		spread.Deferred += s.Deferred
 	}
+	fmt.Fprintf(os.Stderr, "scalebench: N=%d: rings spread by unicast (a change of the sender's ranges) %d, by %d unicasts (%d failed, sent again); rings over the broadcast limit %d, of which left to push-pull alone %d\n",
+		n, spread.Rings, spread.Sent, spread.Failed, tooLarge, spread.Deferred)
 	return fmt.Sprintf("| %d | %s | %s | %s | %s | %.0f | %.0f | %d B / %d B | %d B / %d B | %d KiB | %.2f%% | %d | %s |",
 		n, ms3(claim), ms3(ring), addr, reach, idleBps, busyBps, maxSent, maxState, maxPkt, maxStream,
 		heap/1024, idleCPU*100, tooLarge, load()), nil
