@@ -337,6 +337,14 @@ func (a *NetlinkRoutes) Apply(want []Route) (added, removed []Route, err error) 
 		return nil, nil, err
 	}
 	add, del := DiffRoutes(want, have)
+	return a.ApplyDiff(add, del)
+}
+
+// ApplyDiff adds (or replaces) the routes add and removes the routes del,
+// without reading the kernel's routes first: DiffRoutes against what the
+// last apply left. It goes on past a failed route and returns every
+// error; a route to remove that is already gone is not one.
+func (a *NetlinkRoutes) ApplyDiff(add, del []Route) (added, removed []Route, err error) {
 	index := map[string]int{}
 	var errs []error
 	for _, r := range add {

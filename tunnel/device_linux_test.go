@@ -27,14 +27,14 @@ import (
 // with a per-run prefix) and removes in t.Cleanup: the test's own
 // namespace is never changed.
 
-func skipUnlessRoot(t *testing.T) {
+func skipUnlessRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("skipping: needs root to make network namespaces, TUN devices and raw sockets")
 	}
 }
 
-func newPair(t *testing.T, podMTU int) *netnstest.Pair {
+func newPair(t testing.TB, podMTU int) *netnstest.Pair {
 	t.Helper()
 	skipUnlessRoot(t)
 	prefix := netnstest.Prefix(t)

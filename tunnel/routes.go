@@ -136,11 +136,11 @@ func DiffRoutes(want, have []Route) (add, del []Route) {
 	w := slices.Clone(want)
 	slices.SortFunc(w, compareRoutes)
 	w = slices.CompactFunc(w, func(a, b Route) bool { return compareRoutes(a, b) == 0 })
-	wanted := map[Route]bool{}
+	wanted := make(map[Route]bool, len(w))
 	for _, r := range w {
 		wanted[r] = true
 	}
-	present := map[Route]bool{}
+	present := make(map[Route]bool, len(have))
 	for _, r := range have {
 		present[r] = true
 	}
@@ -163,7 +163,7 @@ func DiffRoutes(want, have []Route) (add, del []Route) {
 // checkWant rejects a wanted route with two different targets for one
 // destination, which no kernel table can hold.
 func checkWant(want []Route) error {
-	seen := map[netip.Prefix]Route{}
+	seen := make(map[netip.Prefix]Route, len(want))
 	for _, r := range want {
 		if o, ok := seen[r.Dst]; ok && o != r {
 			return fmt.Errorf("routes %s and %s have the same destination", o, r)

@@ -198,6 +198,22 @@ func (a *NetlinkVTEPs) Apply(want []VTEPEntry, keep bool) (added, removed []VTEP
 	if keep {
 		del = nil
 	}
+	return a.applyDiff(idx, add, del)
+}
+
+// ApplyDiff adds (or replaces) the entries add and removes the entries
+// del, without reading the device's entries first: DiffVTEPs against what
+// the last apply left. An entry to remove that is already gone is not an
+// error.
+func (a *NetlinkVTEPs) ApplyDiff(add, del []VTEPEntry) (added, removed []VTEPEntry, err error) {
+	l, err := a.h.LinkByName(a.name)
+	if err != nil {
+		return nil, nil, fmt.Errorf("looking up %s: %w", a.name, err)
+	}
+	return a.applyDiff(l.Attrs().Index, add, del)
+}
+
+func (a *NetlinkVTEPs) applyDiff(idx int, add, del []VTEPEntry) (added, removed []VTEPEntry, err error) {
 	var errs []error
 	for _, e := range add {
 		fdb := a.fdb(idx, e)
