@@ -99,6 +99,7 @@ bench: deps build
 	$(GO) run ./e2e/cmd/scalebench -init seed -pods -n 64,100 -idle 20s -timeout 120s
 	$(GO) test -run '^$$' -bench Ring ./internal/scale/
 	$(GO) run ./tunnel/cmd/tunnelbench
+	$(GO) test -run '^$$' -bench 'VXLANPeers|SealedPeers|TableOwner' -benchtime 100x ./tunnel/
 	$(GO) run ./e2e/cmd/podbench
 	$(GO) run ./e2e/cmd/membench -nodes 3 -idle 60s -sample 15s -warmup-cycles 2000 -cycles 10000
 	$(GO) test -run '^$$' -bench . -benchmem ./ipalloc/
