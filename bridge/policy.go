@@ -16,6 +16,7 @@ package bridge
 //	  chain egress-<hash> (one per distinct list of egress rules)
 //	    ip daddr @peers-<hash> meta l4proto . th dport @ports-<hash> return
 //	    ...
+//	    limit rate 10/second burst 20 packets log prefix "weft-policy egress" group 6784 snaplen 64
 //	    counter name blocked-egress drop
 //	  chain ingress-<hash>: the same with ip saddr
 //
@@ -197,6 +198,26 @@ func ruleComment(egress bool, r polRule) string {
 	return "weft-policy: allow from " + peer + ", " + port + from
 }
 
+// The samples of dropped packets: each pod chain sends at most
+// PolicyLogRate of its drops a second (bursts of PolicyLogBurst) to the
+// nfnetlink_log group PolicyLogGroup, with PolicyLogSnaplen bytes of the
+// packet (the IPv4 header and the ports) and the prefix of its direction
+// (policyLogPrefix). The router reads the group (PolicyLog) and logs who
+// was blocked by what; with nobody reading, the kernel drops the samples.
+const (
+	PolicyLogGroup   = 6784
+	PolicyLogRate    = 10
+	PolicyLogBurst   = 20
+	PolicyLogSnaplen = 64
+)
+
+// policyLogPrefix is the nflog prefix of a chain's samples.
+func policyLogPrefix(egress bool) string { return "weft-policy " + dirName(egress) }
+
+func policyLogComment() string {
+	return fmt.Sprintf("weft-policy: sample the rest to nflog group %d, at most %d/s", PolicyLogGroup, PolicyLogRate)
+}
+
 func policyDropComment(egress bool) string {
 	return "weft-policy: drop the rest, counted in " + blockedOf(egress)
 }
@@ -210,11 +231,11 @@ func blockedOf(egress bool) string {
 
 // comments are the comments of the chain's rules, in order.
 func (c polChain) comments() []string {
-	out := make([]string, 0, len(c.rules)+1)
+	out := make([]string, 0, len(c.rules)+2)
 	for _, r := range c.rules {
 		out = append(out, ruleComment(c.egress, r))
 	}
-	return append(out, policyDropComment(c.egress))
+	return append(out, policyLogComment(), policyDropComment(c.egress))
 }
 
 // polState is what table ip weft-policy holds below its fixed part (the

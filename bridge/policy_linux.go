@@ -195,6 +195,11 @@ func podChainRules(tab *nftables.Table, ch *nftables.Chain, pc polChain, sets ma
 		ex = append(ex, &expr.Verdict{Kind: expr.VerdictReturn})
 		out = append(out, &nftables.Rule{Table: tab, Chain: ch, Exprs: ex, UserData: comment(ruleComment(pc.egress, r))})
 	}
+	out = append(out, &nftables.Rule{Table: tab, Chain: ch, UserData: comment(policyLogComment()), Exprs: []expr.Any{
+		&expr.Limit{Type: expr.LimitTypePkts, Rate: PolicyLogRate, Unit: expr.LimitTimeSecond, Burst: PolicyLogBurst},
+		&expr.Log{Key: 1<<unix.NFTA_LOG_GROUP | 1<<unix.NFTA_LOG_PREFIX | 1<<unix.NFTA_LOG_SNAPLEN,
+			Group: PolicyLogGroup, Snaplen: PolicyLogSnaplen, Data: []byte(policyLogPrefix(pc.egress))},
+	}})
 	return append(out, &nftables.Rule{Table: tab, Chain: ch, UserData: comment(policyDropComment(pc.egress)), Exprs: []expr.Any{
 		&expr.Objref{Type: nftObjectCounter, Name: blockedOf(pc.egress)},
 		&expr.Verdict{Kind: expr.VerdictDrop},

@@ -620,7 +620,7 @@ func TestPolicySyncIncremental(t *testing.T) {
 	p.sync(t, rulesOf(b2, cRules))
 	h1 := p.handles(t)
 	chainB2 := p.kernelState(t).state.ingress[podB]
-	if _, ok := h1[chainB]; ok || chainB2 == chainB || len(h1[chainB2]) != 3 {
+	if _, ok := h1[chainB]; ok || chainB2 == chainB || len(h1[chainB2]) != 4 { // two allow rules, the sample, the drop
 		t.Errorf("B's rules changed: chain %s -> %s, chains now %v", chainB, chainB2, h1)
 	}
 	for name, hs := range h0 {

@@ -79,6 +79,10 @@ func (o Origin) String() string {
 type Direction struct {
 	Isolated bool
 	Rules    []Rule
+	// Policies are the policies that isolate the pod in this direction
+	// (namespace/name, in the World's order): what a blocked connection
+	// is blocked by.
+	Policies []string
 }
 
 // PodRules are the rules of one pod of the node.
@@ -117,12 +121,14 @@ func Compile(w *World, node string) *NodeRules {
 			in, eg := Types(p)
 			if in {
 				pr.Ingress.Isolated = true
+				pr.Ingress.Policies = append(pr.Ingress.Policies, p.Namespace+"/"+p.Name)
 				for k, r := range p.Spec.Ingress {
 					pr.Ingress.Rules = append(pr.Ingress.Rules, ix.ingressRule(p, k, r.From, r.Ports, x)...)
 				}
 			}
 			if eg {
 				pr.Egress.Isolated = true
+				pr.Egress.Policies = append(pr.Egress.Policies, p.Namespace+"/"+p.Name)
 				for k, r := range p.Spec.Egress {
 					pr.Egress.Rules = append(pr.Egress.Rules, ix.egressRules(p, k, r.To, r.Ports)...)
 				}

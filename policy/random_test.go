@@ -159,6 +159,45 @@ func TestOriginsSharePeers(t *testing.T) {
 	t.Logf("%d rules had the peers of another pod's rule from the same place", shared)
 }
 
+// TestIsolatingPolicies: in random worlds, a pod's direction names the
+// policies that isolate it there (what a blocked connection is blocked
+// by): some exactly when it is isolated, each once, in the World's order,
+// and every rule comes from one of them.
+func TestIsolatingPolicies(t *testing.T) {
+	named := 0
+	for s := range uint64(400) {
+		w := randWorld(rand.New(rand.NewPCG(s, 0x9e3779b9)))
+		order := map[string]int{}
+		for i, p := range w.Policies {
+			order[p.Namespace+"/"+p.Name] = i
+		}
+		for _, node := range []string{"n0", "n1", "n2"} {
+			for _, pr := range policy.Compile(w, node).Pods {
+				for _, d := range []policy.Direction{pr.Ingress, pr.Egress} {
+					if d.Isolated != (len(d.Policies) > 0) {
+						t.Fatalf("seed %d: pod %s: isolated %v by %v", s, pr.IP, d.Isolated, d.Policies)
+					}
+					for i, name := range d.Policies {
+						k, ok := order[name]
+						if !ok || (i > 0 && k <= order[d.Policies[i-1]]) {
+							t.Fatalf("seed %d: pod %s: policies %v: not the World's, once each, in its order", s, pr.IP, d.Policies)
+						}
+					}
+					for _, r := range d.Rules {
+						if !slices.Contains(d.Policies, r.From.Policy) {
+							t.Fatalf("seed %d: pod %s: a rule from %s, not one of its isolating policies %v", s, pr.IP, r.From.Policy, d.Policies)
+						}
+					}
+					named += len(d.Policies)
+				}
+			}
+		}
+	}
+	if named == 0 {
+		t.Fatal("no pod was isolated: the test proves nothing")
+	}
+}
+
 // TestPeerJoiningKeepsRules: in random worlds, a pod more (on another
 // node, so that it is only ever a peer here) changes the peers of the
 // node's rules, never which rules a pod has (their origins, in order),

@@ -230,7 +230,8 @@ func (n *Node) components() []component {
 	}
 	if r.policy != nil {
 		// Before the local API: an ADD waits for its pod's rules.
-		comps = append(comps, component{name: "network policy", run: r.policy.Run, within: 2 * time.Second})
+		comps = append(comps, component{name: "network policy", run: r.policy.Run, within: 2 * time.Second},
+			component{name: "network policy log", run: r.policy.runSamples, within: 2 * time.Second})
 	} else {
 		comps = append(comps, component{name: "network policy off", start: r.removePolicyRules})
 	}

@@ -162,6 +162,9 @@ func newPolicyWatch(client kubernetes.Interface, node string, enf PolicyEnforcer
 	}
 	w.factory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(trim))
 	w.podInf = w.factory.Core().V1().Pods().Informer()
+	if err := w.podInf.AddIndexers(podIPIndexers); err != nil {
+		return nil, err
+	}
 	w.nsInf = w.factory.Core().V1().Namespaces().Informer()
 	w.polInf = w.factory.Networking().V1().NetworkPolicies().Informer()
 	w.pods = w.factory.Core().V1().Pods().Lister()

@@ -179,6 +179,22 @@ func TestNetworkPolicyEnforcedOnKubernetes(t *testing.T) {
 	check("the allowed pod on a port the policy does not name", false, allowed.NS, 9090)
 	check("web's own node (kubelet probes)", true, n0.NS, 8080)
 
+	// n0 logs the blocked connections, naming the policy and both pods
+	// (sampled through nflog, at most once per pod pair a minute).
+	for _, from := range []*e2e.Pod{other, local} {
+		name := map[*e2e.Pod]string{other: "other", local: "local"}[from]
+		want := []string{"network policy: TCP " + from.IP.String() + ":", " -> " + web.IP.String() + ":8080 blocked by policy default/web-from-allowed (ingress)",
+			"from-pod=default/" + name, "to-pod=default/web"}
+		e2e.WaitUntil(t, ctx, "n0 logs the blocked connection from "+name, func() (bool, string) {
+			for line := range strings.Lines(n0.Router().LogTail(400)) {
+				if containsAll(line, want) {
+					return true, ""
+				}
+			}
+			return false, n0.Router().LogTail(20)
+		})
+	}
+
 	out, err := n0.Weft(ctx, "status", "policy")
 	if err != nil || !strings.Contains(string(out), "default/web-from-allowed") {
 		t.Errorf("weft status policy on n0 (%v):\n%s", err, out)
@@ -202,4 +218,13 @@ func TestNetworkPolicyEnforcedOnKubernetes(t *testing.T) {
 	})
 	check("the pod on web's own node, the policy gone", true, local.NS, 8080)
 	check("the other port, the policy gone", true, allowed.NS, 9090)
+}
+
+func containsAll(s string, subs []string) bool {
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			return false
+		}
+	}
+	return true
 }

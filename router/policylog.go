@@ -1,0 +1,231 @@
+package router
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/weft-net/weft/bridge"
+)
+
+// PolicySampler is an enforcer that can say which packets its policies
+// dropped (bridge.PolicyLog: a rate-limited sample of the drops, through
+// nflog). An enforcer without it gives counts only.
+type PolicySampler interface {
+	OpenSamples() (PolicySamples, error)
+}
+
+// PolicySamples reads the samples of dropped packets.
+type PolicySamples interface {
+	// Read waits for the next samples; after Close it returns an error.
+	Read() ([]bridge.BlockedPacket, error)
+	// Lost counts the samples the kernel could not queue.
+	Lost() uint64
+	Close() error
+}
+
+// The logs of blocked connections: a pod pair (source and destination
+// address, in one direction) is logged at most once per policyLogEvery,
+// and the node at most policyLogMax lines in a policyLogEvery; what is
+// left out over that is counted in one line at the end of the window.
+const (
+	policyLogEvery = time.Minute
+	policyLogMax   = 120
+	// podIPIndex indexes the pod informer by pod address.
+	podIPIndex = "podIP"
+)
+
+// pairKey is one pod pair in one direction.
+type pairKey struct {
+	src, dst netip.Addr
+	egress   bool
+}
+
+// blockLogger turns samples into log lines, rate-limited.
+type blockLogger struct {
+	log      *slog.Logger
+	now      func() time.Time
+	describe func(bridge.BlockedPacket) (msg string, attrs []any)
+
+	mu       sync.Mutex
+	last     map[pairKey]time.Time // when a pair was last logged
+	window   time.Time             // start of the current window
+	lines    int                   // logged in the window
+	over     int                   // left out over policyLogMax in it
+	lostSeen uint64                // the reader's Lost as last reported
+}
+
+func newBlockLogger(log *slog.Logger, describe func(bridge.BlockedPacket) (string, []any)) *blockLogger {
+	return &blockLogger{log: log, now: time.Now, describe: describe, last: map[pairKey]time.Time{}}
+}
+
+// sample logs b unless its pair was logged within policyLogEvery or the
+// window's lines are spent; lost is the reader's count of lost samples.
+func (l *blockLogger) sample(b bridge.BlockedPacket, lost uint64) {
+	l.mu.Lock()
+	now := l.now()
+	l.roll(now, lost)
+	k := pairKey{b.Src, b.Dst, b.Egress}
+	if t, ok := l.last[k]; ok && now.Sub(t) < policyLogEvery {
+		l.mu.Unlock()
+		return
+	}
+	if l.lines >= policyLogMax {
+		l.over++
+		l.mu.Unlock()
+		return
+	}
+	l.lines++
+	l.last[k] = now
+	l.mu.Unlock()
+	msg, attrs := l.describe(b)
+	l.log.Info(msg, attrs...)
+}
+
+// roll starts a new window when the current one is over: it says what the
+// last one left out and forgets the pairs logged before it.
+func (l *blockLogger) roll(now time.Time, lost uint64) {
+	if now.Sub(l.window) < policyLogEvery {
+		return
+	}
+	if l.over > 0 || lost > l.lostSeen {
+		l.log.Warn(fmt.Sprintf("network policy: %d more blocked connections were not logged in the last minute (at most %d lines a minute), and %d samples were lost; weft_policy_blocked_total counts every dropped packet",
+			l.over, policyLogMax, lost-l.lostSeen))
+	}
+	l.window, l.lines, l.over, l.lostSeen = now, 0, 0, lost
+	for k, t := range l.last {
+		if now.Sub(t) >= policyLogEvery {
+			delete(l.last, k)
+		}
+	}
+}
+
+// runSamples logs the connections the kernel's policy rules block, until
+// ctx ends. Where the enforcer cannot sample, or the sampler does not
+// open, it says so once: the policies are enforced all the same.
+func (w *policyWatch) runSamples(ctx context.Context) error {
+	s, ok := w.enf.(PolicySampler)
+	if !ok {
+		return nil
+	}
+	r, err := s.OpenSamples()
+	if err != nil {
+		w.log.Warn("network policy: blocked connections will not be logged (weft_policy_blocked_total still counts them)", "err", err)
+		return nil
+	}
+	stop := context.AfterFunc(ctx, func() { r.Close() })
+	defer stop()
+	defer r.Close()
+	bl := newBlockLogger(w.log, w.describeBlocked)
+	for {
+		bs, err := r.Read()
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			w.log.Warn("network policy: reading the blocked connections failed; they are not logged from now on (weft_policy_blocked_total still counts them)", "err", err)
+			return nil
+		}
+		for _, b := range bs {
+			bl.sample(b, r.Lost())
+		}
+	}
+}
+
+// describeBlocked says what b was and what blocked it: "TCP
+// 10.32.0.5:41234 -> 10.40.0.2:80 blocked by policy default/deny-all
+// (ingress)", with the pods at either end by name where known.
+func (w *policyWatch) describeBlocked(b bridge.BlockedPacket) (string, []any) {
+	local, remote := b.Dst, b.Src
+	if b.Egress {
+		local, remote = b.Src, b.Dst
+	}
+	var pols []string
+	localName := ""
+	w.mu.Lock()
+	if w.compiled != nil && w.compiled.rules != nil {
+		if pr := w.compiled.rules.Pods[local]; pr != nil {
+			d := pr.Ingress
+			if b.Egress {
+				d = pr.Egress
+			}
+			pols = d.Policies
+			localName = pr.Namespace + "/" + pr.Name
+		}
+	}
+	w.mu.Unlock()
+	by := "NetworkPolicy"
+	switch len(pols) {
+	case 0:
+	case 1:
+		by = "policy " + pols[0]
+	default:
+		by = "policies " + strings.Join(pols, ", ")
+	}
+	msg := fmt.Sprintf("network policy: %s blocked by %s (%s)", b, by, b.Direction())
+	remoteName := w.podNameAt(remote)
+	src, dst := remoteName, localName
+	if b.Egress {
+		src, dst = localName, remoteName
+	}
+	var attrs []any
+	if src != "" {
+		attrs = append(attrs, "from-pod", src)
+	}
+	if dst != "" {
+		attrs = append(attrs, "to-pod", dst)
+	}
+	return msg, attrs
+}
+
+// podNameAt is the namespace/name of the one running pod (not on the host
+// network) with address a, "" if there is none or more than one.
+func (w *policyWatch) podNameAt(a netip.Addr) string {
+	objs, err := w.podInf.GetIndexer().ByIndex(podIPIndex, a.String())
+	if err != nil || len(objs) != 1 {
+		return ""
+	}
+	p, ok := objs[0].(*corev1.Pod)
+	if !ok {
+		return ""
+	}
+	return p.Namespace + "/" + p.Name
+}
+
+// podIPs indexes a pod by its addresses, if it has its own (not the host
+// network's) and is not finished.
+func podIPs(obj any) ([]string, error) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok || p.Spec.HostNetwork || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+		return nil, nil
+	}
+	var out []string
+	for _, ip := range p.Status.PodIPs {
+		if a, err := netip.ParseAddr(ip.IP); err == nil {
+			out = append(out, a.String())
+		}
+	}
+	return out, nil
+}
+
+// podIPIndexers is the pod informer's index by address.
+var podIPIndexers = cache.Indexers{podIPIndex: podIPs}
+
+// OpenSamples opens the reader of nflog group bridge.PolicyLogGroup in the
+// router's namespace.
+func (h *hostPolicy) OpenSamples() (PolicySamples, error) {
+	l, err := bridge.OpenPolicyLog("")
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+var _ PolicySampler = (*hostPolicy)(nil)
