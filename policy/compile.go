@@ -115,7 +115,7 @@ func Compile(w *World, node string) *NodeRules {
 		pr := &PodRules{Namespace: x.Namespace, Name: x.Name, IP: x.IP}
 		for j := range w.Policies {
 			p := &w.Policies[j]
-			if !selects(p, x) {
+			if !ix.selects(p, x) {
 				continue
 			}
 			in, eg := Types(p)
@@ -179,6 +179,10 @@ func (ix *index) peerSet(p *networkingv1.NetworkPolicy, peers []networkingv1.Net
 	if len(peers) == 0 {
 		return true, nil
 	}
+	if set, ok := ix.peers[&peers[0]]; ok {
+		return false, set // the rules of all pods share it: read only
+	}
+	defer func() { ix.peers[&peers[0]] = set }()
 	for _, peer := range peers {
 		if peer.IPBlock != nil {
 			set = append(set, blockIntervals(peer.IPBlock)...)

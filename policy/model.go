@@ -88,15 +88,27 @@ func (c Conn) String() string {
 	return fmt.Sprintf("%s %s -> %s:%d", c.Protocol, c.Src, c.Dst, c.Port)
 }
 
-// index gives fast lookups of pods by address and namespaces by name.
+// index gives fast lookups of pods by address and namespaces by name,
+// and keeps what a compile would otherwise compute again for every pod:
+// the selectors parsed (a LabelSelector's conversion validates every key
+// and value with regular expressions) and the peers of each rule. One
+// compile or one model check uses it, from one goroutine.
 type index struct {
 	w     *World
 	byIP  map[netip.Addr]*Pod
 	nsLab map[string]labels.Set
+	sels  map[*metav1.LabelSelector]parsedSelector
+	peers map[*networkingv1.NetworkPolicyPeer][]Interval // by the rule's first peer
+}
+
+type parsedSelector struct {
+	sel labels.Selector
+	err error
 }
 
 func newIndex(w *World) *index {
-	ix := &index{w: w, byIP: map[netip.Addr]*Pod{}, nsLab: map[string]labels.Set{}}
+	ix := &index{w: w, byIP: map[netip.Addr]*Pod{}, nsLab: map[string]labels.Set{},
+		sels: map[*metav1.LabelSelector]parsedSelector{}, peers: map[*networkingv1.NetworkPolicyPeer][]Interval{}}
 	for i := range w.Pods {
 		ix.byIP[w.Pods[i].IP] = &w.Pods[i]
 	}
@@ -136,12 +148,25 @@ func Types(p *networkingv1.NetworkPolicy) (ingress, egress bool) {
 	return ingress, egress
 }
 
+// selector is selector(s), parsed once per index.
+func (ix *index) selector(s *metav1.LabelSelector) (labels.Selector, error) {
+	if s == nil {
+		return labels.Nothing(), nil
+	}
+	if ps, ok := ix.sels[s]; ok {
+		return ps.sel, ps.err
+	}
+	sel, err := selector(s)
+	ix.sels[s] = parsedSelector{sel, err}
+	return sel, err
+}
+
 // selects reports whether policy p selects pod x.
-func selects(p *networkingv1.NetworkPolicy, x *Pod) bool {
+func (ix *index) selects(p *networkingv1.NetworkPolicy, x *Pod) bool {
 	if x.Namespace != p.Namespace {
 		return false
 	}
-	sel, err := metav1.LabelSelectorAsSelector(&p.Spec.PodSelector)
+	sel, err := ix.selector(&p.Spec.PodSelector)
 	return err == nil && sel.Matches(labels.Set(x.Labels))
 }
 
@@ -159,7 +184,7 @@ func (ix *index) peerMatches(p *networkingv1.NetworkPolicy, peer networkingv1.Ne
 			return false
 		}
 	} else {
-		nsSel, err := selector(peer.NamespaceSelector)
+		nsSel, err := ix.selector(peer.NamespaceSelector)
 		if err != nil || !nsSel.Matches(ix.nsLab[x.Namespace]) {
 			return false
 		}
@@ -167,7 +192,7 @@ func (ix *index) peerMatches(p *networkingv1.NetworkPolicy, peer networkingv1.Ne
 	if peer.PodSelector == nil {
 		return true
 	}
-	podSel, err := selector(peer.PodSelector)
+	podSel, err := ix.selector(peer.PodSelector)
 	return err == nil && podSel.Matches(labels.Set(x.Labels))
 }
 
@@ -254,7 +279,7 @@ func (ix *index) allows(x *Pod, egress bool, peer netip.Addr, peerPod *Pod, c Co
 	for i := range ix.w.Policies {
 		p := &ix.w.Policies[i]
 		in, eg := Types(p)
-		if (egress && !eg) || (!egress && !in) || !selects(p, x) {
+		if (egress && !eg) || (!egress && !in) || !ix.selects(p, x) {
 			continue
 		}
 		isolated = true
