@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // Interval is an inclusive range of IPv4 addresses: what an nftables
@@ -188,14 +189,50 @@ func (ix *index) peerSet(p *networkingv1.NetworkPolicy, peers []networkingv1.Net
 			set = append(set, blockIntervals(peer.IPBlock)...)
 			continue
 		}
-		for i := range ix.w.Pods {
-			x := &ix.w.Pods[i]
-			if x.IP.Is4() && ix.peerMatches(p, peer, x.IP, x) {
-				set = append(set, Interval{x.IP, x.IP})
-			}
-		}
+		set = append(set, ix.podPeers(p, peer)...)
 	}
 	return false, normalize(set)
+}
+
+// podPeers is the addresses of the pods that peer (a pod or namespace
+// selector of a rule of p) matches, found once per distinct peer: the
+// rules of many policies often name the same selectors.
+func (ix *index) podPeers(p *networkingv1.NetworkPolicy, peer networkingv1.NetworkPolicyPeer) []Interval {
+	key := ix.peerKey(p, peer)
+	if set, ok := ix.byPeer[key]; ok {
+		return set
+	}
+	var set []Interval
+	for i := range ix.w.Pods {
+		x := &ix.w.Pods[i]
+		if x.IP.Is4() && ix.peerMatches(p, peer, x.IP, x) {
+			set = append(set, Interval{x.IP, x.IP})
+		}
+	}
+	ix.byPeer[key] = set
+	return set
+}
+
+// peerKey says what a pod or namespace selector peer of p matches: its
+// selectors in canonical form (sorted requirements; label keys and
+// values cannot hold the brackets), and p's namespace where the peer has
+// no namespace selector; "-" for no selector, "!" for an invalid one.
+func (ix *index) peerKey(p *networkingv1.NetworkPolicy, peer networkingv1.NetworkPolicyPeer) string {
+	sel := func(s *metav1.LabelSelector) string {
+		if s == nil {
+			return "-"
+		}
+		parsed, err := ix.selector(s)
+		if err != nil {
+			return "!"
+		}
+		return "(" + parsed.String() + ")"
+	}
+	k := sel(peer.NamespaceSelector) + sel(peer.PodSelector)
+	if peer.NamespaceSelector == nil {
+		k = p.Namespace + "/" + k
+	}
+	return k
 }
 
 // ingressRule translates ingress rule k of p for pod x: its named ports

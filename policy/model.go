@@ -94,11 +94,12 @@ func (c Conn) String() string {
 // and value with regular expressions) and the peers of each rule. One
 // compile or one model check uses it, from one goroutine.
 type index struct {
-	w     *World
-	byIP  map[netip.Addr]*Pod
-	nsLab map[string]labels.Set
-	sels  map[*metav1.LabelSelector]parsedSelector
-	peers map[*networkingv1.NetworkPolicyPeer][]Interval // by the rule's first peer
+	w      *World
+	byIP   map[netip.Addr]*Pod
+	nsLab  map[string]labels.Set
+	sels   map[*metav1.LabelSelector]parsedSelector
+	peers  map[*networkingv1.NetworkPolicyPeer][]Interval // by the rule's first peer
+	byPeer map[string][]Interval                          // by peerKey
 }
 
 type parsedSelector struct {
@@ -108,7 +109,7 @@ type parsedSelector struct {
 
 func newIndex(w *World) *index {
 	ix := &index{w: w, byIP: map[netip.Addr]*Pod{}, nsLab: map[string]labels.Set{},
-		sels: map[*metav1.LabelSelector]parsedSelector{}, peers: map[*networkingv1.NetworkPolicyPeer][]Interval{}}
+		sels: map[*metav1.LabelSelector]parsedSelector{}, peers: map[*networkingv1.NetworkPolicyPeer][]Interval{}, byPeer: map[string][]Interval{}}
 	for i := range w.Pods {
 		ix.byIP[w.Pods[i].IP] = &w.Pods[i]
 	}
