@@ -105,6 +105,10 @@ bench: deps build
 	$(GO) test -run '^$$' -bench . -benchmem ./ipalloc/
 	$(GO) test -run '^$$' -bench LocalAPIAllocate -benchtime 2000x ./router/
 	$(GO) test -run '^$$' -bench LocalAPIAddDel -benchtime 10000x -count 3 ./router/
+	$(GO) test -run '^$$' -bench PolicyPropagation -benchtime 30x ./router/
+	$(GO) test -run '^$$' -bench PolicySync -benchtime 20x ./bridge/
+	$(GO) test -run '^$$' -bench PolicyConnect -benchtime 2000x ./bridge/
+	$(GO) test -run '^$$' -bench PolicyThroughput -benchtime 3x ./bridge/
 	$(MAKE) --no-print-directory soak
 
 # soak: the idle soak of docs/benchmarks.md: three routers gossiping idle for

@@ -26,7 +26,7 @@ import (
 // test goroutine's thread never leaves the root namespace, and nothing in the
 // root namespace is changed.
 
-func skipUnlessRoot(t *testing.T) {
+func skipUnlessRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("skipping: needs root to create network namespaces, links and nftables tables")
@@ -44,7 +44,7 @@ type env struct {
 }
 
 // newNS makes a network namespace that is removed when the test ends.
-func newNS(t *testing.T) ns.NetNS {
+func newNS(t testing.TB) ns.NetNS {
 	t.Helper()
 	n, err := testutils.NewNS()
 	if err != nil {
@@ -59,7 +59,7 @@ func newNS(t *testing.T) ns.NetNS {
 	return n
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	skipUnlessRoot(t)
 	n := newNS(t)
@@ -89,7 +89,7 @@ func newEnv(t *testing.T) *env {
 }
 
 // uniqueName is prefix plus random hex, 15 characters in all.
-func uniqueName(t *testing.T, prefix string) string {
+func uniqueName(t testing.TB, prefix string) string {
 	t.Helper()
 	b := make([]byte, (MaxNameLen-len(prefix))/2)
 	if _, err := rand.Read(b); err != nil {
@@ -100,7 +100,7 @@ func uniqueName(t *testing.T, prefix string) string {
 
 // assertRootUntouched checks, read-only, that the root namespace has neither
 // a link named like the test bridge nor a weft nftables table.
-func assertRootUntouched(t *testing.T, name string) {
+func assertRootUntouched(t testing.TB, name string) {
 	t.Helper()
 	_, err := netlink.LinkByName(name)
 	if !isNotFound(err) {
@@ -116,7 +116,7 @@ func assertRootUntouched(t *testing.T, name string) {
 	}
 }
 
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Helper()
@@ -124,7 +124,7 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func (e *env) ensure(t *testing.T) *Info {
+func (e *env) ensure(t testing.TB) *Info {
 	t.Helper()
 	info, err := Ensure(e.ns.Path(), e.cfg, e.log)
 	if err != nil {
@@ -133,7 +133,7 @@ func (e *env) ensure(t *testing.T) *Info {
 	return info
 }
 
-func (e *env) link(t *testing.T, name string) netlink.Link {
+func (e *env) link(t testing.TB, name string) netlink.Link {
 	t.Helper()
 	l, err := e.h.LinkByName(name)
 	if err != nil {
@@ -142,7 +142,7 @@ func (e *env) link(t *testing.T, name string) netlink.Link {
 	return l
 }
 
-func (e *env) addrs(t *testing.T, l netlink.Link) []netip.Prefix {
+func (e *env) addrs(t testing.TB, l netlink.Link) []netip.Prefix {
 	t.Helper()
 	list, err := e.h.AddrList(l, netlink.FAMILY_V4)
 	if err != nil {
@@ -157,7 +157,7 @@ func (e *env) addrs(t *testing.T, l netlink.Link) []netip.Prefix {
 	return out
 }
 
-func (e *env) addAddr(t *testing.T, l netlink.Link, p string) {
+func (e *env) addAddr(t testing.TB, l netlink.Link, p string) {
 	t.Helper()
 	if err := e.h.AddrAdd(l, toAddr(netip.MustParsePrefix(p))); err != nil {
 		t.Fatalf("add address %s: %v", p, err)
@@ -166,7 +166,7 @@ func (e *env) addAddr(t *testing.T, l netlink.Link, p string) {
 
 // veth makes a veth pair inside the test namespace and returns the end
 // named name and the name of its peer.
-func (e *env) veth(t *testing.T, name string, mac net.HardwareAddr) (netlink.Link, string) {
+func (e *env) veth(t testing.TB, name string, mac net.HardwareAddr) (netlink.Link, string) {
 	t.Helper()
 	attrs := netlink.NewLinkAttrs()
 	attrs.Name = name
@@ -179,7 +179,7 @@ func (e *env) veth(t *testing.T, name string, mac net.HardwareAddr) (netlink.Lin
 	return e.link(t, name), peer
 }
 
-func (e *env) sysctl(t *testing.T, key string, value ...string) string {
+func (e *env) sysctl(t testing.TB, key string, value ...string) string {
 	t.Helper()
 	var got string
 	err := e.ns.Do(func(ns.NetNS) (err error) {
@@ -193,7 +193,7 @@ func (e *env) sysctl(t *testing.T, key string, value ...string) string {
 }
 
 // checkBridge asserts that the bridge is as configured and returns it.
-func (e *env) checkBridge(t *testing.T) netlink.Link {
+func (e *env) checkBridge(t testing.TB) netlink.Link {
 	t.Helper()
 	l := e.link(t, e.name)
 	if l.Type() != "bridge" {
@@ -220,7 +220,7 @@ func (e *env) checkBridge(t *testing.T) netlink.Link {
 
 // checkNFT asserts that weft's table has exactly one masquerade rule and the
 // two forward rules.
-func (e *env) checkNFT(t *testing.T) {
+func (e *env) checkNFT(t testing.TB) {
 	t.Helper()
 	fd, err := netns.GetFromPath(e.ns.Path())
 	if err != nil {

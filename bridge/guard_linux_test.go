@@ -92,7 +92,7 @@ func TestGuardSetsSurviveEnsure(t *testing.T) {
 	}
 }
 
-func (e *env) podSources(t *testing.T) []PodSource {
+func (e *env) podSources(t testing.TB) []PodSource {
 	t.Helper()
 	n, err := openNS(e.ns.Path())
 	if err != nil {
@@ -119,7 +119,7 @@ func (e *env) podSources(t *testing.T) []PodSource {
 	return out
 }
 
-func (e *env) peerAddrs(t *testing.T) []netip.Addr {
+func (e *env) peerAddrs(t testing.TB) []netip.Addr {
 	t.Helper()
 	n, err := openNS(e.ns.Path())
 	if err != nil {
@@ -151,7 +151,7 @@ type pod struct {
 	addr netip.Addr
 }
 
-func (e *env) addPod(t *testing.T, veth string, addr netip.Addr) *pod {
+func (e *env) addPod(t testing.TB, veth string, addr netip.Addr) *pod {
 	t.Helper()
 	p := &pod{veth: veth, addr: addr}
 	n := newNS(t)
@@ -189,7 +189,7 @@ func (e *env) addPod(t *testing.T, veth string, addr netip.Addr) *pod {
 
 // listen opens a UDP socket in ns on port (0.0.0.0) and returns a channel
 // of the sources of what it receives.
-func listen(t *testing.T, n ns.NetNS, port int) <-chan string {
+func listen(t testing.TB, n ns.NetNS, port int) <-chan string {
 	t.Helper()
 	var pc net.PacketConn
 	err := n.Do(func(ns.NetNS) error {
@@ -247,7 +247,7 @@ func udpPayload(sport, dport int, data string) []byte {
 }
 
 // expect waits for a datagram on ch: it must be want (from its source).
-func expect(t *testing.T, ch <-chan string, want string) {
+func expect(t testing.TB, ch <-chan string, want string) {
 	t.Helper()
 	select {
 	case got := <-ch:
@@ -259,7 +259,7 @@ func expect(t *testing.T, ch <-chan string, want string) {
 	}
 }
 
-func (e *env) waitCount(t *testing.T, reason string, want uint64) {
+func (e *env) waitCount(t testing.TB, reason string, want uint64) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -356,7 +356,7 @@ func TestGuardDropsForgedPodTraffic(t *testing.T) {
 
 // sendARP sends an ARP reply from inside the pod, on its interface, with
 // the given sender address (gratuitous: to everyone, about spa).
-func (p *pod) sendARP(t *testing.T, spa netip.Addr) {
+func (p *pod) sendARP(t testing.TB, spa netip.Addr) {
 	t.Helper()
 	err := p.ns.Do(func(ns.NetNS) error {
 		links, err := netlink.LinkList()
@@ -515,7 +515,7 @@ const vxlanTestDev = "weft-vx"
 // tunnelSender makes the veth vxlanTestDev in the node's namespace and
 // puts its peer into a namespace of its own, with a default route to the
 // node: what is sent there to one of dsts arrives on vxlanTestDev.
-func (e *env) tunnelSender(t *testing.T, dsts ...netip.Addr) ns.NetNS {
+func (e *env) tunnelSender(t testing.TB, dsts ...netip.Addr) ns.NetNS {
 	t.Helper()
 	n := newNS(t)
 	dev, peer := e.veth(t, vxlanTestDev, nil)

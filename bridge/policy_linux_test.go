@@ -58,7 +58,7 @@ type polEnv struct {
 	tokens chan string // what the UDP listeners receive
 }
 
-func newPolEnv(t *testing.T) *polEnv {
+func newPolEnv(t testing.TB) *polEnv {
 	t.Helper()
 	e := newEnv(t)
 	rootBefore := readRootSysctl(t)
@@ -92,7 +92,7 @@ func (p *polEnv) podNSs() []ns.NetNS {
 	return []ns.NetNS{p.pods[podA], p.pods[podB], p.pods[podC], p.pods[podD]}
 }
 
-func (p *polEnv) newTable(t *testing.T) *PolicyTable {
+func (p *polEnv) newTable(t testing.TB) *PolicyTable {
 	t.Helper()
 	pt, err := NewPolicyTable(PolicyConfig{NSPath: p.ns.Path(), Log: p.log})
 	if err != nil {
@@ -104,7 +104,7 @@ func (p *polEnv) newTable(t *testing.T) *PolicyTable {
 
 // readRootSysctl reads br_netfilter's switch in the root namespace (read
 // only: the test never writes there).
-func readRootSysctl(t *testing.T) string {
+func readRootSysctl(t testing.TB) string {
 	t.Helper()
 	b, err := os.ReadFile("/proc/sys/" + brNetfilterSysctl)
 	if err != nil {
@@ -116,7 +116,7 @@ func readRootSysctl(t *testing.T) string {
 // addFar makes the far namespace: a veth from the node (192.0.2.1) to it
 // (192.0.2.9, and the other far addresses), routes on the node for the
 // remote pods and the outside through it, and its default route back.
-func (p *polEnv) addFar(t *testing.T) ns.NetNS {
+func (p *polEnv) addFar(t testing.TB) ns.NetNS {
 	t.Helper()
 	n := newNS(t)
 	dev, peer := p.veth(t, "weft-far", nil)
@@ -156,7 +156,7 @@ func (p *polEnv) addFar(t *testing.T) ns.NetNS {
 
 // listen opens, in n, a TCP listener (accepting and closing) and a UDP
 // socket (passing what it receives to p.tokens) on every test port.
-func (p *polEnv) listen(t *testing.T, n ns.NetNS) {
+func (p *polEnv) listen(t testing.TB, n ns.NetNS) {
 	t.Helper()
 	var wg sync.WaitGroup
 	t.Cleanup(wg.Wait)
@@ -216,7 +216,7 @@ func (p *polEnv) nsOf(src netip.Addr) ns.NetNS {
 	return p.ns
 }
 
-func (p *polEnv) blocked(t *testing.T) uint64 {
+func (p *polEnv) blocked(t testing.TB) uint64 {
 	t.Helper()
 	in, eg, err := p.pt.Blocked()
 	if err != nil {
@@ -232,7 +232,7 @@ var tokenSeq atomic.Uint64
 // is established or the datagram received, or until the policy table's
 // drop counters grow (the first packet was dropped). Tries run one at a
 // time, so the counters grow only for the try under way.
-func (p *polEnv) try(t *testing.T, src, dst netip.Addr, proto corev1.Protocol, port uint16) bool {
+func (p *polEnv) try(t testing.TB, src, dst netip.Addr, proto corev1.Protocol, port uint16) bool {
 	t.Helper()
 	before := p.blocked(t)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -303,7 +303,7 @@ func (p *polEnv) try(t *testing.T, src, dst netip.Addr, proto corev1.Protocol, p
 	}
 }
 
-func (p *polEnv) sync(t *testing.T, nr *policy.NodeRules) {
+func (p *polEnv) sync(t testing.TB, nr *policy.NodeRules) {
 	t.Helper()
 	if err := p.pt.Sync(nr); err != nil {
 		t.Fatalf("Sync: %v", err)
@@ -311,7 +311,7 @@ func (p *polEnv) sync(t *testing.T, nr *policy.NodeRules) {
 }
 
 // expectConns checks each connection against want.
-func (p *polEnv) expectConns(t *testing.T, want map[policy.Conn]bool) {
+func (p *polEnv) expectConns(t testing.TB, want map[policy.Conn]bool) {
 	t.Helper()
 	for c, w := range want {
 		if got := p.try(t, c.Src, c.Dst, c.Protocol, c.Port); got != w {
@@ -322,7 +322,7 @@ func (p *polEnv) expectConns(t *testing.T, want map[policy.Conn]bool) {
 
 // listing is the table as nft shows it, for failure messages (only when
 // the nft binary is there: weft itself never runs it).
-func (p *polEnv) listing(t *testing.T) string {
+func (p *polEnv) listing(t testing.TB) string {
 	t.Helper()
 	if _, err := exec.LookPath("nft"); err != nil {
 		return "(no nft binary to list the table)"
@@ -430,7 +430,7 @@ func TestPolicyEgressBlocksAndPorts(t *testing.T) {
 }
 
 // echo listens on TCP port in n and echoes every connection.
-func echo(t *testing.T, n ns.NetNS, port int) {
+func echo(t testing.TB, n ns.NetNS, port int) {
 	t.Helper()
 	var l net.Listener
 	if err := n.Do(func(ns.NetNS) (err error) {
@@ -481,7 +481,7 @@ func echo(t *testing.T, n ns.NetNS, port int) {
 	}()
 }
 
-func dialFrom(t *testing.T, n ns.NetNS, dst netip.Addr, port int) net.Conn {
+func dialFrom(t testing.TB, n ns.NetNS, dst netip.Addr, port int) net.Conn {
 	t.Helper()
 	var c net.Conn
 	if err := n.Do(func(ns.NetNS) (err error) {
@@ -494,7 +494,7 @@ func dialFrom(t *testing.T, n ns.NetNS, dst netip.Addr, port int) net.Conn {
 	return c
 }
 
-func roundTrip(t *testing.T, c net.Conn, msg string) {
+func roundTrip(t testing.TB, c net.Conn, msg string) {
 	t.Helper()
 	if err := c.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
 		t.Fatal(err)
@@ -528,7 +528,7 @@ func TestPolicyEstablished(t *testing.T) {
 }
 
 // nftIn is an nftables connection into the node's namespace.
-func (p *polEnv) nftIn(t *testing.T) *nftables.Conn {
+func (p *polEnv) nftIn(t testing.TB) *nftables.Conn {
 	t.Helper()
 	n, err := openNS(p.ns.Path())
 	if err != nil {
@@ -543,7 +543,7 @@ func (p *polEnv) nftIn(t *testing.T) *nftables.Conn {
 }
 
 // handles lists the rule handles of every chain of the policy table.
-func (p *polEnv) handles(t *testing.T) map[string][]uint64 {
+func (p *polEnv) handles(t testing.TB) map[string][]uint64 {
 	t.Helper()
 	c := p.nftIn(t)
 	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyIPv4)
@@ -568,7 +568,7 @@ func (p *polEnv) handles(t *testing.T) map[string][]uint64 {
 }
 
 // kernelState reads the table back as Sync sees it.
-func (p *polEnv) kernelState(t *testing.T) *policyRead {
+func (p *polEnv) kernelState(t testing.TB) *policyRead {
 	t.Helper()
 	r, err := readPolicy(p.nftIn(t))
 	if err != nil {

@@ -137,7 +137,7 @@ func TestPolicyEncodingMatchesRules(t *testing.T) {
 // checkDiff checks diffPolicy from a to b: applied to a it gives b; it
 // writes nothing for a chain or set that is the same in both; from b to b
 // it is empty.
-func checkDiff(t *testing.T, a, b *polState) {
+func checkDiff(t testing.TB, a, b *polState) {
 	t.Helper()
 	o := diffPolicy(b, a)
 	if got := applyOps(a, b, o); !got.equal(b) {
