@@ -101,6 +101,8 @@ type policyWatch struct {
 	listErrs    map[string]error      // resource -> the last error listing or watching it
 	problems    map[string]bool       // Compile's problems logged already
 	blockedLast [2]uint64             // the enforcer's counters as last read
+	sampler     *blockLogger          // the log of blocked connections, once it runs
+	samplerErr  error                 // why it does not (any more)
 }
 
 // policyState is what one Sync was given, for weft status policy.

@@ -293,6 +293,7 @@ func TestPolicyWatchFollowsTheCluster(t *testing.T) {
 	text := regexp.MustCompile(`applied at [^;]+; \d+ syncs`).ReplaceAllString(out.String(), "applied at T; N syncs")
 	wantText := `NetworkPolicy: enforced on node n1 (rules applied at T; N syncs, 0 failed)
   Watching: 3 pods (2 on this node; left out: 1 hostNetwork, 1 without an address, 0 terminated), 2 namespaces, 1 policies
+  Blocked connections: counted in weft_policy_blocked_total, not logged (the enforcer cannot sample)
 
 POLICY                TYPES    PODS ON THIS NODE
 default/allow-client  ingress  default/web

@@ -109,7 +109,9 @@ func benchPropagation(b *testing.B, nodes, pods, policies int) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	client := fake.NewClientset(namespace("default", nil))
-	addr := func(j int) netip.Addr { return netip.AddrFrom4([4]byte{10, 32 + byte(j/60000), byte(j / 250 % 240), byte(2 + j%250)}) }
+	addr := func(j int) netip.Addr {
+		return netip.AddrFrom4([4]byte{10, 32 + byte(j/60000), byte(j / 250 % 240), byte(2 + j%250)})
+	}
 	for j := range pods {
 		p := kpod("default", fmt.Sprintf("p%d", j), fmt.Sprintf("n%d", j%nodes), addr(j).String(), map[string]string{"app": fmt.Sprintf("a%d", j%100)})
 		if _, err := client.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {

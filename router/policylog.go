@@ -60,6 +60,9 @@ type blockLogger struct {
 	lines    int                   // logged in the window
 	over     int                   // left out over policyLogMax in it
 	lostSeen uint64                // the reader's Lost as last reported
+	// Totals since the start, for weft status policy.
+	totalLines, totalOver uint64
+	lost                  uint64 // the reader's Lost as last seen
 }
 
 func newBlockLogger(log *slog.Logger, describe func(bridge.BlockedPacket) (string, []any)) *blockLogger {
@@ -71,6 +74,7 @@ func newBlockLogger(log *slog.Logger, describe func(bridge.BlockedPacket) (strin
 func (l *blockLogger) sample(b bridge.BlockedPacket, lost uint64) {
 	l.mu.Lock()
 	now := l.now()
+	l.lost = lost
 	l.roll(now, lost)
 	k := pairKey{b.Src, b.Dst, b.Egress}
 	if t, ok := l.last[k]; ok && now.Sub(t) < policyLogEvery {
@@ -79,14 +83,24 @@ func (l *blockLogger) sample(b bridge.BlockedPacket, lost uint64) {
 	}
 	if l.lines >= policyLogMax {
 		l.over++
+		l.totalOver++
 		l.mu.Unlock()
 		return
 	}
 	l.lines++
+	l.totalLines++
 	l.last[k] = now
 	l.mu.Unlock()
 	msg, attrs := l.describe(b)
 	l.log.Info(msg, attrs...)
+}
+
+// totals are the lines logged and left out, and the samples lost, since
+// the start.
+func (l *blockLogger) totals() (lines, over, lost uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.totalLines, l.totalOver, l.lost
 }
 
 // roll starts a new window when the current one is over: it says what the
@@ -117,6 +131,7 @@ func (w *policyWatch) runSamples(ctx context.Context) error {
 	}
 	r, err := s.OpenSamples()
 	if err != nil {
+		w.setSampling(nil, err)
 		w.log.Warn("network policy: blocked connections will not be logged (weft_policy_blocked_total still counts them)", "err", err)
 		return nil
 	}
@@ -124,12 +139,14 @@ func (w *policyWatch) runSamples(ctx context.Context) error {
 	defer stop()
 	defer r.Close()
 	bl := newBlockLogger(w.log, w.describeBlocked)
+	w.setSampling(bl, nil)
 	for {
 		bs, err := r.Read()
 		if ctx.Err() != nil {
 			return nil
 		}
 		if err != nil {
+			w.setSampling(bl, err)
 			w.log.Warn("network policy: reading the blocked connections failed; they are not logged from now on (weft_policy_blocked_total still counts them)", "err", err)
 			return nil
 		}
@@ -137,6 +154,31 @@ func (w *policyWatch) runSamples(ctx context.Context) error {
 			bl.sample(b, r.Lost())
 		}
 	}
+}
+
+// setSampling records the log of blocked connections for weft status
+// policy: bl logging, or err why not (any more).
+func (w *policyWatch) setSampling(bl *blockLogger, err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.sampler, w.samplerErr = bl, err
+}
+
+// blockedLogReport says whether blocked connections are logged.
+func (w *policyWatch) blockedLogReport() BlockedLogReport {
+	w.mu.Lock()
+	bl, err := w.sampler, w.samplerErr
+	w.mu.Unlock()
+	var rep BlockedLogReport
+	if err != nil {
+		rep.Error = err.Error()
+	}
+	if bl != nil {
+		rep.Lines, rep.LeftOut, rep.Lost = bl.totals()
+		rep.On = err == nil
+		rep.Group = bridge.PolicyLogGroup
+	}
+	return rep
 }
 
 // describeBlocked says what b was and what blocked it: "TCP

@@ -121,6 +121,11 @@ func TestPolicyLogsBlocked(t *testing.T) {
 	if n := strings.Count(log.String(), "10.40.0.3:"); n != 1 {
 		t.Errorf("the pair client -> web was logged %d times, want once:\n%s", n, log.String())
 	}
+	var out strings.Builder
+	WritePolicy(&out, w.report())
+	if want := "  Blocked connections: logged (nflog group 6784; 3 lines, 0 left out over 120 a minute, 3 samples lost)\n"; !strings.Contains(out.String(), want) {
+		t.Errorf("weft status policy:\n%s\nwant the line\n%s", out.String(), want)
+	}
 }
 
 // TestPolicyLogsWithoutSamples: an enforcer whose sampler does not open
@@ -134,6 +139,9 @@ func TestPolicyLogsWithoutSamples(t *testing.T) {
 	}
 	if !strings.Contains(log.String(), "blocked connections will not be logged") || !strings.Contains(log.String(), "operation not permitted") {
 		t.Errorf("log:\n%s", log.String())
+	}
+	if rep := w.blockedLogReport(); rep.On || !strings.Contains(rep.Error, "operation not permitted") {
+		t.Errorf("the report of the log of blocked connections: %+v", rep)
 	}
 }
 

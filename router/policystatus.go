@@ -44,6 +44,21 @@ type PolicyReport struct {
 	Policies []PolicyInForce `json:"policies"`
 	// Idle counts the policies that select no pod of this node.
 	Idle int `json:"idle"`
+	// BlockedLog is the log of blocked connections.
+	BlockedLog BlockedLogReport `json:"blockedLog"`
+}
+
+// BlockedLogReport says whether the router logs the connections the
+// policies block (sampled through nflog) and how much it logged.
+type BlockedLogReport struct {
+	On    bool   `json:"on"`
+	Group int    `json:"group,omitempty"` // the nflog group read
+	Error string `json:"error,omitempty"` // why not (any more)
+	// Lines logged, LeftOut over the per-minute limit, Lost by the
+	// kernel (socket buffer full), since the router started.
+	Lines   uint64 `json:"lines"`
+	LeftOut uint64 `json:"leftOut"`
+	Lost    uint64 `json:"lost"`
 }
 
 // PolicyInForce is one NetworkPolicy that selects pods of this node.
@@ -67,7 +82,7 @@ func (r *Router) policyReport() PolicyReport {
 }
 
 func (w *policyWatch) report() PolicyReport {
-	rep := PolicyReport{Enabled: true, Node: w.node, Policies: []PolicyInForce{}}
+	rep := PolicyReport{Enabled: true, Node: w.node, Policies: []PolicyInForce{}, BlockedLog: w.blockedLogReport()}
 	select {
 	case <-w.synced:
 		rep.Synced = true
@@ -158,6 +173,14 @@ func WritePolicy(w io.Writer, rep PolicyReport) {
 	v := rep.Watching
 	fmt.Fprintf(w, "  Watching: %d pods (%d on this node; left out: %d hostNetwork, %d without an address, %d terminated), %d namespaces, %d policies\n",
 		v.Pods, v.LocalPods, v.HostNetwork, v.NoAddress, v.Terminated, v.Namespaces, v.Policies)
+	switch b := rep.BlockedLog; {
+	case b.On:
+		fmt.Fprintf(w, "  Blocked connections: logged (nflog group %d; %d lines, %d left out over %d a minute, %d samples lost)\n", b.Group, b.Lines, b.LeftOut, policyLogMax, b.Lost)
+	case b.Error != "":
+		fmt.Fprintf(w, "  Blocked connections: NOT LOGGED (%s); weft_policy_blocked_total counts them\n", b.Error)
+	default:
+		fmt.Fprintln(w, "  Blocked connections: counted in weft_policy_blocked_total, not logged (the enforcer cannot sample)")
+	}
 	fmt.Fprintln(w)
 	if len(rep.Policies) == 0 {
 		fmt.Fprintln(w, "No policy selects a pod of this node: its pods are not isolated.")

@@ -196,7 +196,7 @@ func TestNetworkPolicyEnforcedOnKubernetes(t *testing.T) {
 	}
 
 	out, err := n0.Weft(ctx, "status", "policy")
-	if err != nil || !strings.Contains(string(out), "default/web-from-allowed") {
+	if err != nil || !strings.Contains(string(out), "default/web-from-allowed") || !strings.Contains(string(out), "Blocked connections: logged (nflog group 6784;") {
 		t.Errorf("weft status policy on n0 (%v):\n%s", err, out)
 	}
 	t.Logf("weft status policy:\n%s", out)
