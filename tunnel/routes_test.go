@@ -1,6 +1,7 @@
 package tunnel
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
@@ -243,5 +244,57 @@ func TestParseEncaps(t *testing.T) {
 	got := ParseEncaps([]string{"ipip", "UDP", "wireguard", "udp"})
 	if !slices.Equal(got, []Mode{ModeIPIP, ModeUDP}) {
 		t.Errorf("ParseEncaps = %v", got)
+	}
+}
+
+// TestTableOwnerMatchesScan: in random tables (gaps between ranges,
+// single addresses, ranges at 0.0.0.0 and 255.255.255.255), Owner agrees
+// with a scan of the ranges at every range's bounds, beside them, and at
+// random addresses.
+func TestTableOwnerMatchesScan(t *testing.T) {
+	for seed := range uint64(300) {
+		r := rand.New(rand.NewPCG(seed, 7))
+		var rs []OwnedRange
+		next := uint64(0)
+		if r.IntN(2) == 0 {
+			next = uint64(r.Uint32N(1 << 20))
+		}
+		for n := r.IntN(40); len(rs) < n && next <= 0xffffffff; {
+			size := uint64(1)
+			if r.IntN(3) > 0 {
+				size = uint64(1) << r.IntN(24)
+			}
+			last := min(next+size-1, 0xffffffff)
+			rs = append(rs, OwnedRange{addrOf(uint32(next)), addrOf(uint32(last)), fmt.Sprintf("p%d", len(rs))})
+			next = last + 1 + uint64(r.IntN(3))*uint64(r.Uint32N(1<<22))
+		}
+		r.Shuffle(len(rs), func(i, j int) { rs[i], rs[j] = rs[j], rs[i] })
+		tb, err := NewTable(rs)
+		if err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+		scan := func(k uint32) (string, bool) {
+			for _, x := range rs {
+				if u32(x.First) <= k && k <= u32(x.Last) {
+					return x.Peer, true
+				}
+			}
+			return "", false
+		}
+		var probes []uint32
+		for _, x := range rs {
+			f, l := u32(x.First), u32(x.Last)
+			probes = append(probes, f, l, f-1, l+1)
+		}
+		for range 50 {
+			probes = append(probes, r.Uint32())
+		}
+		for _, k := range append(probes, 0, 0xffffffff) {
+			got, ok := tb.Owner(addrOf(k))
+			want, wok := scan(k)
+			if got != want || ok != wok {
+				t.Fatalf("seed %d: Owner(%s) = %q, %v; the scan says %q, %v (ranges %v)", seed, addrOf(k), got, ok, want, wok, rs)
+			}
+		}
 	}
 }

@@ -16,9 +16,14 @@ func (r OwnedRange) String() string { return fmt.Sprintf("%s-%s(%s)", r.First, r
 
 // Table is an immutable lookup of owners over sorted, disjoint ranges: a
 // snapshot of the ring, made by SetRing whenever the ring changes. A
-// lookup is a binary search and takes no lock.
+// lookup is a binary search and takes no lock. It runs for every packet
+// of the userspace path: the bounds are kept as integers in arrays of
+// their own (firsts is what the search reads: 4 bytes a range, 1,000
+// ranges in 4 KB), the owners beside them.
 type Table struct {
-	ranges []OwnedRange
+	ranges        []OwnedRange
+	firsts, lasts []uint32
+	peers         []string
 }
 
 // NewTable checks and sorts ranges. They must be IPv4, First <= Last, and
@@ -39,22 +44,34 @@ func NewTable(ranges []OwnedRange) (*Table, error) {
 			return nil, fmt.Errorf("owned ranges %s and %s overlap", rs[i-1], rs[i])
 		}
 	}
-	return &Table{ranges: rs}, nil
+	t := &Table{ranges: rs, firsts: make([]uint32, len(rs)), lasts: make([]uint32, len(rs)), peers: make([]string, len(rs))}
+	for i, r := range rs {
+		t.firsts[i], t.lasts[i], t.peers[i] = u32(r.First), u32(r.Last), r.Peer
+	}
+	return t, nil
 }
 
 // Owner is the peer that owns dst.
 func (t *Table) Owner(dst netip.Addr) (string, bool) {
-	if t == nil {
+	if t == nil || !dst.Is4() {
 		return "", false
 	}
-	i, found := slices.BinarySearchFunc(t.ranges, dst, func(r OwnedRange, a netip.Addr) int { return r.First.Compare(a) })
-	if !found {
-		i--
+	k := u32(dst)
+	// The last range whose first address is at most k.
+	lo, hi := 0, len(t.firsts)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if t.firsts[m] <= k {
+			lo = m + 1
+		} else {
+			hi = m
+		}
 	}
-	if i < 0 || t.ranges[i].Last.Less(dst) {
+	i := lo - 1
+	if i < 0 || t.lasts[i] < k {
 		return "", false
 	}
-	return t.ranges[i].Peer, true
+	return t.peers[i], true
 }
 
 // Ranges returns the table's ranges, sorted.
