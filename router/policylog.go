@@ -95,6 +95,14 @@ func (l *blockLogger) sample(b bridge.BlockedPacket, lost uint64) {
 	l.log.Info(msg, attrs...)
 }
 
+// tick ends the window if it is over, so that what it left out is said
+// without waiting for the next sample.
+func (l *blockLogger) tick() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.roll(l.now(), l.lost)
+}
+
 // totals are the lines logged and left out, and the samples lost, since
 // the start.
 func (l *blockLogger) totals() (lines, over, lost uint64) {
@@ -140,6 +148,18 @@ func (w *policyWatch) runSamples(ctx context.Context) error {
 	defer r.Close()
 	bl := newBlockLogger(w.log, w.describeBlocked)
 	w.setSampling(bl, nil)
+	go func() {
+		t := time.NewTicker(policyLogEvery / 4)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				bl.tick()
+			}
+		}
+	}()
 	for {
 		bs, err := r.Read()
 		if ctx.Err() != nil {

@@ -177,11 +177,18 @@ func TestBlockLoggerLimits(t *testing.T) {
 		t.Errorf("the summary came before the minute was over:\n%s", log.String())
 	}
 	now = now.Add(time.Minute)
-	l.sample(a, 5)
+	l.tick() // the minute is over: said without another sample
 	if !strings.Contains(log.String(), "network policy: 11 more blocked connections were not logged in the last minute (at most 120 lines a minute), and 5 samples were lost") {
 		t.Errorf("no summary of the minute:\n%s", log.String())
 	}
-	if len(l.last) != 1 {
-		t.Errorf("%d pairs remembered after the window rolled, want 1 (the one just logged)", len(l.last))
+	if len(l.last) != 0 {
+		t.Errorf("%d pairs remembered after the window rolled, want none", len(l.last))
+	}
+	l.tick()
+	if n := strings.Count(log.String(), "not logged"); n != 1 {
+		t.Errorf("the summary came %d times, want once:\n%s", n, log.String())
+	}
+	if lines, over, lost := l.totals(); lines != 2+policyLogMax-1 || over != 11 || lost != 5 {
+		t.Errorf("totals: %d lines, %d left out, %d lost; want %d, 11, 5", lines, over, lost, 2+policyLogMax-1)
 	}
 }
