@@ -130,24 +130,16 @@ func (l *blockLogger) roll(now time.Time, lost uint64) {
 }
 
 // runSamples logs the connections the kernel's policy rules block, until
-// ctx ends. Where the enforcer cannot sample, or the sampler does not
-// open, it says so once: the policies are enforced all the same.
+// ctx ends. Where the enforcer cannot sample it does nothing; where the
+// sampler does not open or stops reading (another process holds the
+// group, a socket error), it says so once for each different reason and
+// tries again with backoff: the policies are enforced all the same.
 func (w *policyWatch) runSamples(ctx context.Context) error {
 	s, ok := w.enf.(PolicySampler)
 	if !ok {
 		return nil
 	}
-	r, err := s.OpenSamples()
-	if err != nil {
-		w.setSampling(nil, err)
-		w.log.Warn("network policy: blocked connections will not be logged (weft_policy_blocked_total still counts them)", "err", err)
-		return nil
-	}
-	stop := context.AfterFunc(ctx, func() { r.Close() })
-	defer stop()
-	defer r.Close()
 	bl := newBlockLogger(w.log, w.describeBlocked)
-	w.setSampling(bl, nil)
 	go func() {
 		t := time.NewTicker(policyLogEvery / 4)
 		defer t.Stop()
@@ -160,18 +152,54 @@ func (w *policyWatch) runSamples(ctx context.Context) error {
 			}
 		}
 	}()
+	backoff := w.retryMin
+	var lostBefore uint64 // by the readers before this one
+	said := ""            // the failure last logged
+	for {
+		r, err := s.OpenSamples()
+		if err == nil {
+			w.setSampling(bl, nil)
+			if said != "" {
+				w.log.Info("network policy: logging blocked connections again")
+				said = ""
+			}
+			err = w.readSamples(ctx, r, bl, lostBefore)
+			lostBefore += r.Lost()
+			r.Close()
+			if ctx.Err() != nil {
+				return nil
+			}
+			backoff = w.retryMin
+			err = fmt.Errorf("reading them: %w", err)
+		}
+		w.setSampling(bl, err)
+		if err.Error() != said {
+			w.log.Warn("network policy: blocked connections are not logged; retrying (weft_policy_blocked_total still counts them)", "err", err)
+			said = err.Error()
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, w.retryMax)
+	}
+}
+
+// readSamples logs what r reads until it fails or ctx ends (nil then).
+func (w *policyWatch) readSamples(ctx context.Context, r PolicySamples, bl *blockLogger, lostBefore uint64) error {
+	stop := context.AfterFunc(ctx, func() { r.Close() })
+	defer stop()
 	for {
 		bs, err := r.Read()
 		if ctx.Err() != nil {
 			return nil
 		}
 		if err != nil {
-			w.setSampling(bl, err)
-			w.log.Warn("network policy: reading the blocked connections failed; they are not logged from now on (weft_policy_blocked_total still counts them)", "err", err)
-			return nil
+			return err
 		}
 		for _, b := range bs {
-			bl.sample(b, r.Lost())
+			bl.sample(b, lostBefore+r.Lost())
 		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,30 +25,41 @@ import (
 type samplingEnforcer struct {
 	*fakeEnforcer
 	samples chan []bridge.BlockedPacket
-	openErr error
+	// openErr is OpenSamples' error while opens, counted up by each
+	// call, is not yet positive.
+	openErr  error
+	opens    atomic.Int64
+	failRead atomic.Bool // the next Read fails (once)
 }
 
 func (s *samplingEnforcer) OpenSamples() (PolicySamples, error) {
-	if s.openErr != nil {
+	if n := s.opens.Add(1); s.openErr != nil && n <= 0 {
 		return nil, s.openErr
 	}
-	return &chanSamples{ch: s.samples, closed: make(chan struct{})}, nil
+	return &chanSamples{ch: s.samples, closed: make(chan struct{}), failRead: &s.failRead}, nil
 }
 
 type chanSamples struct {
-	ch     chan []bridge.BlockedPacket
-	once   sync.Once
-	closed chan struct{}
+	ch       chan []bridge.BlockedPacket
+	once     sync.Once
+	closed   chan struct{}
+	failRead *atomic.Bool
 }
 
 func (c *chanSamples) Read() ([]bridge.BlockedPacket, error) {
-	select {
-	case bs := <-c.ch:
-		return bs, nil
-	case <-c.closed:
-		return nil, errors.New("closed")
+	for !c.failRead.Load() {
+		select {
+		case bs := <-c.ch:
+			return bs, nil
+		case <-c.closed:
+			return nil, errors.New("closed")
+		case <-time.After(time.Millisecond):
+		}
 	}
+	c.failRead.Store(false)
+	return nil, errors.New("the reader fails as told")
 }
+
 func (c *chanSamples) Lost() uint64 { return 3 }
 func (c *chanSamples) Close() error { c.once.Do(func() { close(c.closed) }); return nil }
 
@@ -128,21 +140,40 @@ func TestPolicyLogsBlocked(t *testing.T) {
 	}
 }
 
-// TestPolicyLogsWithoutSamples: an enforcer whose sampler does not open
-// is said once; the watch goes on.
+// TestPolicyLogsWithoutSamples: a sampler that does not open is said
+// once, shown in the report, and tried again until it opens; a reader
+// that fails is opened again.
 func TestPolicyLogsWithoutSamples(t *testing.T) {
 	log := &syncbuf.Buffer{}
-	w := &policyWatch{log: slog.New(slog.NewTextHandler(log, nil)),
-		enf: &samplingEnforcer{fakeEnforcer: newFakeEnforcer(), openErr: errors.New("bind nflog group 6784: operation not permitted")}}
-	if err := w.runSamples(context.Background()); err != nil {
-		t.Fatal(err)
+	enf := &samplingEnforcer{fakeEnforcer: newFakeEnforcer(), samples: make(chan []bridge.BlockedPacket),
+		openErr: errors.New("bind nflog group 6784: operation not permitted")}
+	enf.opens.Store(-20) // fails 20 times, then opens
+	w := &policyWatch{log: slog.New(slog.NewTextHandler(log, nil)), enf: enf, retryMin: time.Millisecond, retryMax: 2 * time.Millisecond}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.runSamples(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	waitUntil(t, "the failure in the report", func() bool {
+		rep := w.blockedLogReport()
+		return !rep.On && strings.Contains(rep.Error, "operation not permitted")
+	})
+	waitUntil(t, "the sampler opened after its failures", func() bool { return w.blockedLogReport().On })
+	if n := strings.Count(log.String(), "blocked connections are not logged"); n != 1 {
+		t.Errorf("the failure was logged %d times over 20 tries, want once:\n%s", n, log.String())
 	}
-	if !strings.Contains(log.String(), "blocked connections will not be logged") || !strings.Contains(log.String(), "operation not permitted") {
-		t.Errorf("log:\n%s", log.String())
+	if !strings.Contains(log.String(), "logging blocked connections again") {
+		t.Errorf("no line when it opened:\n%s", log.String())
 	}
-	if rep := w.blockedLogReport(); rep.On || !strings.Contains(rep.Error, "operation not permitted") {
-		t.Errorf("the report of the log of blocked connections: %+v", rep)
-	}
+	// The reader fails: opened again.
+	enf.failRead.Store(true)
+	waitUntil(t, "the reader opened again after it failed", func() bool {
+		return strings.Contains(log.String(), "reading them: the reader fails as told") && w.blockedLogReport().On
+	})
 }
 
 // TestBlockLoggerLimits: one line per pair per minute; at most
