@@ -640,13 +640,22 @@ type blockedCollector struct{ w *policyWatch }
 var blockedDesc = prometheus.NewDesc("weft_policy_blocked_total",
 	"Packets dropped by NetworkPolicy on this node, by direction (ingress: into a pod of this node; egress: out of one).", []string{"direction"}, nil)
 
-func (c *blockedCollector) Describe(ch chan<- *prometheus.Desc) { ch <- blockedDesc }
+func (c *blockedCollector) Describe(ch chan<- *prometheus.Desc) { ch <- blockedDesc; ch <- blockedLogDesc }
 
 func (c *blockedCollector) Collect(ch chan<- prometheus.Metric) {
 	in, eg := c.w.blocked()
 	ch <- prometheus.MustNewConstMetric(blockedDesc, prometheus.CounterValue, float64(in), "ingress")
 	ch <- prometheus.MustNewConstMetric(blockedDesc, prometheus.CounterValue, float64(eg), "egress")
+	b := c.w.blockedLogReport()
+	ch <- prometheus.MustNewConstMetric(blockedLogDesc, prometheus.CounterValue, float64(b.Lines), "logged")
+	ch <- prometheus.MustNewConstMetric(blockedLogDesc, prometheus.CounterValue, float64(b.LeftOut), "left_out")
+	ch <- prometheus.MustNewConstMetric(blockedLogDesc, prometheus.CounterValue, float64(b.Lost), "lost")
 }
+
+// blockedLogDesc is weft_policy_blocked_log_total{result}: what became of
+// the samples of dropped packets (docs/networkpolicy.md).
+var blockedLogDesc = prometheus.NewDesc("weft_policy_blocked_log_total",
+	"Log lines of blocked connections: logged; left out over the per-minute limit; samples lost before the router read them (the kernel's socket buffer full).", []string{"result"}, nil)
 
 // removePolicyRules is the start of a router without --network-policy:
 // rules that a run with it left in the kernel would go on enforcing

@@ -152,7 +152,12 @@ func (w *policyWatch) runSamples(ctx context.Context) error {
 			}
 		}
 	}()
-	backoff := w.retryMin
+	retryMin, retryMax := w.retryMin, w.retryMax
+	if retryMin <= 0 {
+		retryMin = policyRetryMin
+	}
+	retryMax = max(retryMax, retryMin)
+	backoff := retryMin
 	var lostBefore uint64 // by the readers before this one
 	said := ""            // the failure last logged
 	for {
@@ -169,7 +174,7 @@ func (w *policyWatch) runSamples(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return nil
 			}
-			backoff = w.retryMin
+			backoff = retryMin
 			err = fmt.Errorf("reading them: %w", err)
 		}
 		w.setSampling(bl, err)
@@ -182,7 +187,7 @@ func (w *policyWatch) runSamples(ctx context.Context) error {
 			return nil
 		case <-time.After(backoff):
 		}
-		backoff = min(2*backoff, w.retryMax)
+		backoff = min(2*backoff, retryMax)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
@@ -90,7 +91,7 @@ func TestPolicyLogsBlocked(t *testing.T) {
 		}
 	}
 	enf := &samplingEnforcer{fakeEnforcer: newFakeEnforcer(), samples: make(chan []bridge.BlockedPacket)}
-	w, _, log := startPolicyWatch(t, client, enf)
+	w, reg, log := startPolicyWatch(t, client, enf)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- w.runSamples(ctx) }()
@@ -132,6 +133,15 @@ func TestPolicyLogsBlocked(t *testing.T) {
 	})
 	if n := strings.Count(log.String(), "10.40.0.3:"); n != 1 {
 		t.Errorf("the pair client -> web was logged %d times, want once:\n%s", n, log.String())
+	}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP weft_policy_blocked_log_total Log lines of blocked connections: logged; left out over the per-minute limit; samples lost before the router read them (the kernel's socket buffer full).
+# TYPE weft_policy_blocked_log_total counter
+weft_policy_blocked_log_total{result="left_out"} 0
+weft_policy_blocked_log_total{result="logged"} 3
+weft_policy_blocked_log_total{result="lost"} 3
+`), "weft_policy_blocked_log_total"); err != nil {
+		t.Error(err)
 	}
 	var out strings.Builder
 	WritePolicy(&out, w.report())
