@@ -159,4 +159,3 @@ func benchIperf(b *testing.B, client, server ns.NetNS, dst netip.Addr) {
 	b.ReportMetric(sum/float64(b.N)/1e9, "Gbit/s")
 	b.ReportMetric(0, "ns/op")
 }
-

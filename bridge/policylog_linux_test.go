@@ -1,10 +1,16 @@
 package bridge
 
 import (
+	"errors"
+	"net"
 	"net/netip"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -90,4 +96,66 @@ func TestPolicyLogSamples(t *testing.T) {
 	if n := l.Lost(); n != 0 {
 		t.Errorf("lost %d samples", n)
 	}
+}
+
+// TestPolicyLogFloodBounded (root, attacker): a pod floods blocked
+// packets; the samples that reach the router stay within the kernel's
+// limit (PolicyLogBurst, then PolicyLogRate a second), whatever the
+// flood's size, and every dropped packet is still counted.
+func TestPolicyLogFloodBounded(t *testing.T) {
+	p := newPolEnv(t)
+	l, err := OpenPolicyLog(p.ns.Path())
+	if err != nil {
+		t.Fatalf("OpenPolicyLog: %v", err)
+	}
+	defer l.Close()
+	var got atomic.Int64
+	go func() {
+		for {
+			bs, err := l.Read()
+			if err != nil {
+				return
+			}
+			got.Add(int64(len(bs)))
+		}
+	}()
+	p.sync(t, rulesOf(&policy.PodRules{IP: podC, Egress: policy.Direction{Isolated: true}}))
+	before := p.blocked(t)
+	const flood = 3000
+	start := time.Now()
+	if err := p.pods[podC].Do(func(ns.NetNS) error {
+		c, err := net.Dial("udp4", netip.AddrPortFrom(podD, 53).String())
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		for range flood {
+			if _, err := c.Write([]byte("flood")); err != nil && !errors.Is(err, syscall.EPERM) {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for p.blocked(t)-before < flood && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := p.blocked(t) - before; n < flood {
+		t.Fatalf("the counters saw %d of %d dropped packets", n, flood)
+	}
+	// The kernel flushes its queue within a second: read until nothing
+	// more has come for 1.5 s.
+	for last, since := got.Load(), time.Now(); time.Since(since) < 1500*time.Millisecond && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if n := got.Load(); n != last || n == 0 {
+			last, since = n, time.Now()
+		}
+	}
+	elapsed := time.Since(start).Seconds()
+	limit := int64(PolicyLogBurst + PolicyLogRate*(elapsed+1))
+	if n := got.Load(); n == 0 || n > limit {
+		t.Fatalf("a flood of %d blocked packets gave %d samples in %.1f s; want 1 to %d (burst %d, %d/s)", flood, n, elapsed, limit, PolicyLogBurst, PolicyLogRate)
+	}
+	t.Logf("a flood of %d blocked packets: %d samples in %.1f s", flood, got.Load(), elapsed)
 }

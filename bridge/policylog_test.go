@@ -14,7 +14,7 @@ import (
 func sampleMsg(t testing.TB, prefix string, payload []byte) []byte {
 	ae := netlink.NewAttributeEncoder()
 	ae.Bytes(1, []byte{0x08, 0x00, 2, 0}) // NFULA_PACKET_HDR: IPv4, hook forward
-	ae.String(nfulaPrefix, prefix)         // (nul-terminated)
+	ae.String(nfulaPrefix, prefix)        // (nul-terminated)
 	ae.Bytes(nfulaPayload, payload)
 	b, err := ae.Encode()
 	if err != nil {

@@ -640,7 +640,10 @@ type blockedCollector struct{ w *policyWatch }
 var blockedDesc = prometheus.NewDesc("weft_policy_blocked_total",
 	"Packets dropped by NetworkPolicy on this node, by direction (ingress: into a pod of this node; egress: out of one).", []string{"direction"}, nil)
 
-func (c *blockedCollector) Describe(ch chan<- *prometheus.Desc) { ch <- blockedDesc; ch <- blockedLogDesc }
+func (c *blockedCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- blockedDesc
+	ch <- blockedLogDesc
+}
 
 func (c *blockedCollector) Collect(ch chan<- prometheus.Metric) {
 	in, eg := c.w.blocked()

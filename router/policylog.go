@@ -103,6 +103,20 @@ func (l *blockLogger) tick() {
 	l.roll(l.now(), l.lost)
 }
 
+// routineTick ends each window on time (tick) until ctx ends.
+func (l *blockLogger) routineTick(ctx context.Context) {
+	t := time.NewTicker(policyLogEvery / 4)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			l.tick()
+		}
+	}
+}
+
 // totals are the lines logged and left out, and the samples lost, since
 // the start.
 func (l *blockLogger) totals() (lines, over, lost uint64) {
@@ -140,18 +154,11 @@ func (w *policyWatch) runSamples(ctx context.Context) error {
 		return nil
 	}
 	bl := newBlockLogger(w.log, w.describeBlocked)
-	go func() {
-		t := time.NewTicker(policyLogEvery / 4)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				bl.tick()
-			}
-		}
-	}()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	tickCtx, stopTick := context.WithCancel(ctx)
+	defer stopTick()
+	wg.Go(func() { bl.routineTick(tickCtx) })
 	retryMin, retryMax := w.retryMin, w.retryMax
 	if retryMin <= 0 {
 		retryMin = policyRetryMin
