@@ -20,6 +20,7 @@ type config struct {
 	routerArgs []string
 	keep       bool // stay up after the table until Ctrl-C
 	library    bool // measure the tunnel library in this process too
+	podBase    bool // measure pods without weft over kernel VXLAN too
 }
 
 // parseFlags validates the flags and says what to give instead.

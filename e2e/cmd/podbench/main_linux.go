@@ -18,6 +18,10 @@
 // binaries in bin/). Everything it makes lives in namespaces of its own and
 // is removed on exit, also on SIGINT and SIGTERM.
 //
+// -pod-baselines (on by default) adds pods without weft over the same kernel
+// VXLAN, in a cluster of their own without routers: the reference bridge
+// plugin, and a routed veth without a bridge (podbase_linux.go).
+//
 // For vxlan, and auto where it picks vxlan (two nodes without a
 // password), the routers forward nothing (the kernel's weft-vx does): the
 // row has no forwarder CPU, and no library control.
@@ -62,6 +66,7 @@ func run() int {
 	verbose := flag.Bool("v", false, "log what the harness does on stderr")
 	keep := flag.Bool("keep", false, "after the table, keep every path up until Ctrl-C, for poking around")
 	library := flag.Bool("library", true, "measure each mode's tunnel library in this process on the same underlay too, as a control")
+	podBase := flag.Bool("pod-baselines", true, "measure pods without weft over the same kernel VXLAN too: the reference bridge plugin, and a routed veth")
 	flag.Parse()
 
 	cfg, err := parseFlags(*dur, *streams, *modes, *runs)
@@ -76,7 +81,7 @@ func run() int {
 		fmt.Fprintln(os.Stderr, "podbench: run as root (it makes network namespaces and starts routers in them)")
 		return 2
 	}
-	cfg.binDir, cfg.routerArgs, cfg.keep, cfg.library = *binDir, strings.Fields(*routerArgs), *keep, *library
+	cfg.binDir, cfg.routerArgs, cfg.keep, cfg.library, cfg.podBase = *binDir, strings.Fields(*routerArgs), *keep, *library, *podBase
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop() // after the runs' Close: a second Ctrl-C cannot cut it short
@@ -183,6 +188,13 @@ func (b *bench) run() error {
 				return fmt.Errorf("baselines: %w", err)
 			}
 		}
+	}
+	if b.cfg.podBase {
+		pb, err := b.podBaselines()
+		if err != nil {
+			return fmt.Errorf("pod baselines: %w", err)
+		}
+		base = append(base, pb...)
 	}
 	paths := append(base, weft...)
 	progress("built %d paths in %s; measuring %d rounds of %s per path and stream count", len(paths), time.Since(start).Round(time.Second), b.cfg.runs, b.cfg.dur)
@@ -402,25 +414,9 @@ func tunQueues(pid int, dev string) int {
 func (b *bench) baselines(c *e2e.Cluster) ([]path, error) {
 	ctx, cancel := context.WithTimeout(b.ctx, time.Minute)
 	defer cancel()
-	var vx [2]netip.Addr
-	for i, n := range c.Nodes {
-		if err := vxlanFree(ctx, n); err != nil {
-			return nil, err
-		}
-		other := c.Nodes[1-i]
-		vx[i] = netip.AddrFrom4([4]byte{10, 251, 0, byte(i + 1)})
-		for _, cmd := range [][]string{
-			{"ip", "link", "add", vxlanDev, "type", "vxlan", "id", vxlanID, "local", n.UnderlayIP.String(), "remote", other.UnderlayIP.String(), "dstport", strconv.Itoa(vxlanPort), "dev", "eth0"},
-			{"ip", "addr", "add", netip.PrefixFrom(vx[i], vxlanSubnet.Bits()).String(), "dev", vxlanDev},
-			{"ip", "link", "set", vxlanDev, "up"},
-		} {
-			if _, err := n.NS.Exec(ctx, cmd...); err != nil {
-				return nil, err
-			}
-		}
-	}
-	if err := e2e.Ping(ctx, c.Nodes[0].NS, vx[1]); err != nil {
-		return nil, fmt.Errorf("kernel VXLAN between the nodes: %w", err)
+	vx, err := addBenchVXLAN(ctx, c)
+	if err != nil {
+		return nil, err
 	}
 	a, bn := c.Nodes[0], c.Nodes[1]
 	progress("baselines: underlay %s -> %s (veth, bridge, veth), kernel VXLAN %s -> %s (id %s, port %d, over eth0)", a.UnderlayIP, bn.UnderlayIP, vx[0], vx[1], vxlanID, vxlanPort)

@@ -57,6 +57,7 @@ func TestPrintTable(t *testing.T) {
 	rows := []row{
 		{name: underlayRow, streams: 1, gbps: 8, loadMin: 3, loadMax: 4},
 		{name: vxlanRow, streams: 1, gbps: 4, loadMin: 3, loadMax: 4},
+		{name: podBridgeRow, streams: 1, gbps: 3.2, loadMin: 3, loadMax: 4},
 		{name: "weft udp", streams: 1, gbps: 2, cpu: 0.5, forwarded: true, retrans: 7, loadMin: 3, loadMax: 4},
 		{name: "weft udp", streams: 4, gbps: 2, cpu: 0.5, forwarded: true, loadMin: 3, loadMax: 4},
 	}
@@ -65,10 +66,11 @@ func TestPrintTable(t *testing.T) {
 	out := b.String()
 	for _, want := range []string{
 		"Measured 2026-11-30 (1m30s in all; each row the median of 3 runs of 6s; 1-minute load average 2.5 at the start, 3.0–4.0 while measuring",
-		"| " + underlayRow + " | 1 | 8.00 | 1.000 | 2.000 | kernel | kernel | 0 |",
-		"| " + vxlanRow + " | 1 | 4.00 | 0.500 | 1.000 | kernel | kernel | 0 |",
-		"| weft udp | 1 | 2.00 | 0.250 | 0.500 | 0.50 | 0.25 | 7 |",
-		"| weft udp | 4 | 2.00 | — | — | 0.50 | 0.25 | 0 |", // no baseline at 4 streams
+		"| " + underlayRow + " | 1 | 8.00 | 1.000 | 2.000 | 2.500 | kernel | kernel | 0 |",
+		"| " + vxlanRow + " | 1 | 4.00 | 0.500 | 1.000 | 1.250 | kernel | kernel | 0 |",
+		"| " + podBridgeRow + " | 1 | 3.20 | 0.400 | 0.800 | 1.000 | kernel | kernel | 0 |",
+		"| weft udp | 1 | 2.00 | 0.250 | 0.500 | 0.625 | 0.50 | 0.25 | 7 |",
+		"| weft udp | 4 | 2.00 | — | — | — | 0.50 | 0.25 | 0 |", // no baseline at 4 streams
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
