@@ -61,12 +61,13 @@ const (
 	PolicyTableName = "weft-policy"
 
 	policyForwardChain = "forward"
+	policyInputChain   = "input"
 	ingressMap         = "ingress"
 	egressMap          = "egress"
 	blockedIngress     = "blocked-ingress"
 	blockedEgress      = "blocked-egress"
 
-	// policyPriority is the forward chain's priority: after the guard
+	// policyPriority is the forward and input chains' priority: after the guard
 	// (filter - 10), so that what the guard drops is not counted as
 	// blocked by policy; before table ip weft's forward chain (filter).
 	// kube-proxy's filter chains (dstnat - 10) and its DNAT run before,
@@ -280,7 +281,7 @@ func (s *polState) equal(o *polState) bool {
 // objects is the number of chains, sets and counters of the table in
 // state s: the kernel's use count of the table.
 func (s *polState) objects() uint32 {
-	const fixed = 1 + 2 + 2 // forward, the two maps, the two counters
+	const fixed = 2 + 2 + 2 // forward and input, the two maps, the two counters
 	return uint32(fixed + len(s.chains) + len(s.peerSets) + len(s.portSets))
 }
 
@@ -563,10 +564,13 @@ type polOps struct {
 	delChains   []string
 	delPeerSets []string
 	delPortSets []string
+	// addInput: the table lacks only the input chain (a router before
+	// it wrote none); write it with its rules.
+	addInput bool
 }
 
 func (o *polOps) empty() bool {
-	return len(o.newPeerSets)+len(o.newPortSets)+len(o.peerDiffs)+len(o.portDiffs)+len(o.newChains)+
+	return !o.addInput && len(o.newPeerSets)+len(o.newPortSets)+len(o.peerDiffs)+len(o.portDiffs)+len(o.newChains)+
 		len(o.writeChains)+len(o.mapDel)+len(o.mapAdd)+len(o.delChains)+len(o.delPeerSets)+len(o.delPortSets) == 0
 }
 
@@ -718,6 +722,9 @@ func (o *polOps) String() string {
 	add("map elements added", len(o.mapAdd))
 	add("deleted chains", len(o.delChains))
 	add("deleted sets", len(o.delPeerSets)+len(o.delPortSets))
+	if o.addInput {
+		parts = append(parts, "the input chain added")
+	}
 	if len(parts) == 0 {
 		return "nothing"
 	}

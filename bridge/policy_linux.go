@@ -118,6 +118,16 @@ func policyForward(tab *nftables.Table) *nftables.Chain {
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityRef(policyPriority), Policy: &accept}
 }
 
+// policyInput judges what pods send to this node's own addresses (the
+// bridge's gateway, the underlay, a hostNetwork pod's port, a Service whose
+// endpoint is one): that arrives on the input hook, not forward, and is the
+// pods' egress as much as what they send elsewhere.
+func policyInput(tab *nftables.Table) *nftables.Chain {
+	accept := nftables.ChainPolicyAccept
+	return &nftables.Chain{Name: policyInputChain, Table: tab, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityRef(policyPriority), Policy: &accept}
+}
+
 func verdictMap(tab *nftables.Table, name string) *nftables.Set {
 	return &nftables.Set{Table: tab, Name: name, IsMap: true, KeyType: nftables.TypeIPAddr, DataType: nftables.TypeVerdict}
 }
@@ -139,27 +149,51 @@ const (
 	commentIngress     = "weft-policy: the ingress of isolated pods"
 )
 
-var forwardComments = []string{commentEstablished, commentEgress, commentIngress}
+// commentEgressToNode is the input chain's rule after commentEstablished.
+const commentEgressToNode = "weft-policy: the egress of isolated pods to this node"
+
+var (
+	forwardComments = []string{commentEstablished, commentEgress, commentIngress}
+	inputComments   = []string{commentEstablished, commentEgressToNode}
+)
+
+// vmapRule looks the address at offset up in the verdict map s.
+func vmapRule(offset uint32, s *nftables.Set) []expr.Any {
+	return []expr.Any{
+		&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
+		&expr.Lookup{SourceRegister: reg1, SetName: s.Name, SetID: s.ID, IsDestRegSet: true, DestRegister: 0},
+	}
+}
+
+// establishedRule accepts replies and related packets of connections
+// that were allowed.
+func establishedRule(tab *nftables.Table, ch *nftables.Chain) *nftables.Rule {
+	return &nftables.Rule{Table: tab, Chain: ch, UserData: comment(commentEstablished), Exprs: []expr.Any{
+		&expr.Ct{Register: reg1, Key: expr.CtKeySTATE},
+		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED),
+			Xor:  binaryutil.NativeEndian.PutUint32(0)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: []byte{0, 0, 0, 0}},
+		&expr.Verdict{Kind: expr.VerdictAccept},
+	}}
+}
 
 // forwardRules are the rules of the forward chain; in and eg are the maps.
 func forwardRules(tab *nftables.Table, ch *nftables.Chain, in, eg *nftables.Set) []*nftables.Rule {
-	vmap := func(offset uint32, s *nftables.Set) []expr.Any {
-		return []expr.Any{
-			&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
-			&expr.Lookup{SourceRegister: reg1, SetName: s.Name, SetID: s.ID, IsDestRegSet: true, DestRegister: 0},
-		}
-	}
 	return []*nftables.Rule{
-		{Table: tab, Chain: ch, UserData: comment(commentEstablished), Exprs: []expr.Any{
-			&expr.Ct{Register: reg1, Key: expr.CtKeySTATE},
-			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4,
-				Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED),
-				Xor:  binaryutil.NativeEndian.PutUint32(0)},
-			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: []byte{0, 0, 0, 0}},
-			&expr.Verdict{Kind: expr.VerdictAccept},
-		}},
-		{Table: tab, Chain: ch, UserData: comment(commentEgress), Exprs: vmap(ipv4SrcOffset, eg)},
-		{Table: tab, Chain: ch, UserData: comment(commentIngress), Exprs: vmap(ipv4DstOffset, in)},
+		establishedRule(tab, ch),
+		{Table: tab, Chain: ch, UserData: comment(commentEgress), Exprs: vmapRule(ipv4SrcOffset, eg)},
+		{Table: tab, Chain: ch, UserData: comment(commentIngress), Exprs: vmapRule(ipv4DstOffset, in)},
+	}
+}
+
+// inputRules are the rules of the input chain: the egress of this node's
+// isolated pods (their chains, as for forward); ingress does not apply,
+// the node sends from its own addresses.
+func inputRules(tab *nftables.Table, ch *nftables.Chain, eg *nftables.Set) []*nftables.Rule {
+	return []*nftables.Rule{
+		establishedRule(tab, ch),
+		{Table: tab, Chain: ch, UserData: comment(commentEgressToNode), Exprs: vmapRule(ipv4SrcOffset, eg)},
 	}
 }
 
@@ -247,11 +281,15 @@ func peerElements(rs []AddrRange) []nftables.SetElement {
 // policyRead is the table as the kernel has it.
 type policyRead struct {
 	exists bool
-	// intact: the fixed part (forward chain and its rules, the maps, the
-	// counters) is as written, and every set is of the type its name says.
+	// intact: the fixed part (forward and input chains and their rules,
+	// the maps, the counters) is as written, and every set is of the type
+	// its name says.
 	intact bool
-	state  *polState
-	use    uint32
+	// noInput: the table is intact but for the input chain, which a
+	// router before it did not write.
+	noInput bool
+	state   *polState
+	use     uint32
 }
 
 // tableUse is the kernel's use count of a table (its chains, sets and
@@ -286,7 +324,7 @@ func readPolicy(c *nftables.Conn) (*policyRead, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading the chains of table ip %s: %w", PolicyTableName, err)
 	}
-	sawForward := false
+	sawForward, sawInput := false, false
 	for _, ch := range chains {
 		if ch.Table.Name != PolicyTableName {
 			continue
@@ -302,6 +340,13 @@ func readPolicy(c *nftables.Conn) (*policyRead, error) {
 		if ch.Name == policyForwardChain {
 			sawForward = true
 			if !sameHook(ch, policyForward(tab)) || !slices.Equal(comments, forwardComments) {
+				out.intact = false
+			}
+			continue
+		}
+		if ch.Name == policyInputChain {
+			sawInput = true
+			if !sameHook(ch, policyInput(tab)) || !slices.Equal(comments, inputComments) {
 				out.intact = false
 			}
 			continue
@@ -379,6 +424,9 @@ func readPolicy(c *nftables.Conn) (*policyRead, error) {
 	if counters != 2 || len(objs) != 2 {
 		out.intact = false
 	}
+	if out.intact && !sawInput {
+		out.noInput = true
+	}
 	return out, nil
 }
 
@@ -410,7 +458,7 @@ func (t *PolicyTable) Sync(nr *policy.NodeRules) error {
 }
 
 func (t *PolicyTable) syncLocked(c *nftables.Conn, w *polWant) error {
-	rebuild := false
+	rebuild, addInput := false, false
 	if t.have != nil {
 		// A cheap check that the table is still the one written last:
 		// it exists and holds as many objects.
@@ -428,6 +476,10 @@ func (t *PolicyTable) syncLocked(c *nftables.Conn, w *polWant) error {
 		case !r.exists:
 			rebuild = true
 			t.log.Info("creating nftables table for NetworkPolicy", "table", "ip "+PolicyTableName)
+		case r.noInput:
+			t.have = r.state
+			addInput = true
+			t.log.Info("adding the input chain to nftables table for NetworkPolicy: pods' egress to this node's own addresses is judged too", "table", "ip "+PolicyTableName)
 		case !r.intact:
 			rebuild = true
 			t.log.Warn("rebuilding nftables table: it is not as weft writes it (its counters start again from 0)", "table", "ip "+PolicyTableName)
@@ -439,6 +491,7 @@ func (t *PolicyTable) syncLocked(c *nftables.Conn, w *polWant) error {
 		}
 	}
 	ops := diffPolicy(w.state, t.have)
+	ops.addInput = addInput
 	if ops.empty() && !rebuild {
 		return nil
 	}
@@ -472,6 +525,13 @@ func writePolicy(c *nftables.Conn, w *polWant, o *polOps, rebuild bool) error {
 		fwd := policyForward(tab)
 		c.AddChain(fwd)
 		for _, r := range forwardRules(tab, fwd, in, eg) {
+			c.AddRule(r)
+		}
+	}
+	if rebuild || o.addInput {
+		inp := policyInput(tab)
+		c.AddChain(inp)
+		for _, r := range inputRules(tab, inp, eg) {
 			c.AddRule(r)
 		}
 	}

@@ -1020,3 +1020,64 @@ func newNSB(b *testing.B) ns.NetNS {
 	})
 	return n
 }
+
+// TestPolicyEgressToNode: what an egress-isolated pod sends to its own
+// node's addresses arrives on the input hook and is judged by its egress
+// rules like anything else it sends (an ipBlock allows it); pods that are
+// not isolated, and the node's own connections to its pods, pass. A table
+// that a router without the input chain wrote is completed in place: its
+// counters and rules stay.
+func TestPolicyEgressToNode(t *testing.T) {
+	p := newPolEnv(t)
+	p.listen(t, p.ns)
+	gw := e0(p)
+	nr := rulesOf(
+		&policy.PodRules{IP: podA, Egress: policy.Direction{Isolated: true}},
+		&policy.PodRules{IP: podB, Egress: policy.Direction{Isolated: true, Rules: []policy.Rule{{
+			Peers: []policy.Interval{{Lo: gw, Hi: gw}}, Ports: []policy.PortRange{{Protocol: corev1.ProtocolTCP, Lo: 80, Hi: 80}}}}}},
+	)
+	p.sync(t, nr)
+	want := map[policy.Conn]bool{
+		tcpConn(podA, gw, 80): false, udpConn(podA, gw, 53): false,
+		tcpConn(podB, gw, 80): true, tcpConn(podB, gw, 8080): false, udpConn(podB, gw, 80): false,
+		tcpConn(podC, gw, 80): true, udpConn(podC, gw, 53): true,
+		tcpConn(gw, podA, 80): true, // the node to a pod: not the pod's egress
+	}
+	_, eg0, _ := p.pt.Blocked()
+	p.expectConns(t, want)
+	_, eg1, _ := p.pt.Blocked()
+	if eg1-eg0 < 4 {
+		t.Errorf("Blocked: egress %d -> %d; want at least 4 more (one per blocked try)", eg0, eg1)
+	}
+
+	// An older router's table: no input chain. A restarted router adds
+	// it, in one batch, and keeps the rest.
+	c := p.nftIn(t)
+	c.DelChain(&nftables.Chain{Name: policyInputChain, Table: policyNFTable()})
+	if err := c.Flush(); err != nil {
+		t.Fatalf("deleting the input chain: %v", err)
+	}
+	if !p.try(t, podA, gw, corev1.ProtocolTCP, 80) {
+		t.Fatalf("without the input chain the try did not pass: the test cannot tell the chain's effect")
+	}
+	h0 := p.handles(t)
+	p.pt.Close()
+	p.pt = p.newTable(t)
+	p.sync(t, nr)
+	if p.pt.writes != 1 {
+		t.Errorf("completing the table took %d batches, want 1", p.pt.writes)
+	}
+	h := p.handles(t)
+	for name, hs := range h0 {
+		if fmt.Sprint(h[name]) != fmt.Sprint(hs) {
+			t.Errorf("chain %s changed when the input chain was added: %v -> %v", name, hs, h[name])
+		}
+	}
+	if _, eg, _ := p.pt.Blocked(); eg < eg1 {
+		t.Errorf("the egress counter went from %d to %d: the table was rebuilt", eg1, eg)
+	}
+	p.expectConns(t, want)
+	if r := p.kernelState(t); !r.intact || r.noInput {
+		t.Errorf("after the Sync the table reads intact=%v noInput=%v, want intact", r.intact, r.noInput)
+	}
+}
