@@ -127,6 +127,13 @@ func (d *Device) openVXLAN() error {
 	if p.AnswersItself() {
 		d.log.Info("arp_ignore is above 0 on this node, so its kernel does not answer the peers' vxlan path probes: the router answers them (while it runs)")
 	}
+	p.OnAnswerChange = func(answers bool, v int) {
+		if answers {
+			d.log.Info("arp_ignore changed to above 0 on this node, so its kernel no longer answers the peers' vxlan path probes: the router answers them (while it runs)", "arp_ignore", v)
+		} else {
+			d.log.Info("arp_ignore changed to 0 on this node: its kernel answers the peers' vxlan path probes again, also while the router is down", "arp_ignore", v)
+		}
+	}
 	return nil
 }
 

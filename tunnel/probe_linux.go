@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -27,18 +29,38 @@ const (
 // (arp_ignore above 0: it answers only for addresses on the device the
 // request came in by, and the underlay address is not on the VXLAN
 // device), the prober answers them, so that its peers see the path as
-// it is; those answers stop while the router is down.
+// it is; those answers stop while the router is down. arp_ignore is read
+// again at most every arpIgnoreEvery, when a peer's probe comes in, so
+// that a change made while the router runs (an IPVS setup of kube-proxy
+// starting later) costs a peer at most one or two unanswered probes, not
+// a fall to udp.
 type ARPProber struct {
 	f      *os.File
 	ifidx  int
+	dev    string
 	mac    [6]byte // this node's VTEP MAC
 	self   netip.Addr
-	answer bool // answer the peers' probes in userspace
+	answer atomic.Bool // answer the peers' probes in userspace
 
-	mu     sync.Mutex
-	buf    []byte
-	closed bool
+	// OnAnswerChange, if set before Run, is called (on Run's goroutine)
+	// when a new reading of arp_ignore changes whether the prober
+	// answers.
+	OnAnswerChange func(answers bool, arpIgnore int)
+
+	mu      sync.Mutex
+	buf     []byte
+	closed  bool
+	checked time.Time // when arp_ignore was last read (Run's goroutine)
+	now     func() time.Time
+	readArp func() int
+	// sysctls are all's and dev's arp_ignore, opened in the device's
+	// namespace: /proc/sys/net opened later would be the namespace of
+	// whichever thread opens it.
+	sysctls []*os.File
 }
+
+// arpIgnoreEvery is how often, at most, the prober reads arp_ignore again.
+const arpIgnoreEvery = time.Second
 
 // NewARPProber opens the prober on the device of index ifidx, whose MAC
 // is mac, in the calling thread's network namespace; self is this node's
@@ -52,26 +74,50 @@ func NewARPProber(ifidx int, dev string, mac [6]byte, self netip.Addr) (*ARPProb
 		unix.Close(fd)
 		return nil, fmt.Errorf("binding the vxlan path prober to %s: %w", dev, err)
 	}
-	p := &ARPProber{f: os.NewFile(uintptr(fd), "arp-probe:"+dev), ifidx: ifidx, mac: mac, self: self}
-	p.answer = arpIgnore(dev) > 0
+	p := &ARPProber{f: os.NewFile(uintptr(fd), "arp-probe:"+dev), ifidx: ifidx, dev: dev, mac: mac, self: self, now: time.Now}
+	for _, c := range []string{"all", dev} {
+		if f, err := os.Open("/proc/sys/net/ipv4/conf/" + c + "/arp_ignore"); err == nil {
+			p.sysctls = append(p.sysctls, f)
+		}
+	}
+	p.readArp = func() int { return arpIgnore(p.sysctls) }
+	p.answer.Store(p.readArp() > 0)
+	p.checked = time.Now()
 	return p, nil
 }
 
 // AnswersItself reports whether the prober answers the peers' probes
 // (the kernel does not: arp_ignore).
-func (p *ARPProber) AnswersItself() bool { return p.answer }
+func (p *ARPProber) AnswersItself() bool { return p.answer.Load() }
 
-// arpIgnore is the kernel's arp_ignore for dev: the larger of all's and
-// dev's (ip-sysctl.rst). An unreadable value counts as 0.
-func arpIgnore(dev string) int {
+// refreshAnswer reads arp_ignore again if arpIgnoreEvery has passed since
+// the last reading, and says so if that changes whether the prober
+// answers.
+func (p *ARPProber) refreshAnswer() {
+	now := p.now()
+	if now.Sub(p.checked) < arpIgnoreEvery && !now.Before(p.checked) {
+		return
+	}
+	p.checked = now
+	v := p.readArp()
+	if was := p.answer.Swap(v > 0); was != (v > 0) && p.OnAnswerChange != nil {
+		p.OnAnswerChange(v > 0, v)
+	}
+}
+
+// arpIgnore is the kernel's arp_ignore for a device: the larger of all's
+// and the device's (ip-sysctl.rst), read from their open files. An
+// unreadable value counts as 0.
+func arpIgnore(files []*os.File) int {
 	v := 0
-	for _, c := range []string{"all", dev} {
-		b, err := os.ReadFile("/proc/sys/net/ipv4/conf/" + c + "/arp_ignore")
-		if err != nil {
+	var b [16]byte
+	for _, f := range files {
+		n, err := f.ReadAt(b[:], 0)
+		if n == 0 && err != nil {
 			continue
 		}
-		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
-			v = max(v, n)
+		if x, err := strconv.Atoi(strings.TrimSpace(string(b[:n]))); err == nil {
+			v = max(v, x)
 		}
 	}
 	return v
@@ -176,7 +222,10 @@ func (p *ARPProber) handle(b []byte, answered func(mac [6]byte, addr netip.Addr)
 	switch {
 	case op == arpReply && tha == p.mac && [6]byte(b[0:6]) == p.mac:
 		answered(sha, spa)
-	case op == arpRequest && p.answer && spa.IsUnspecified() && tpa == p.self && sha != p.mac:
+	case op == arpRequest && spa.IsUnspecified() && tpa == p.self && sha != p.mac:
+		if p.refreshAnswer(); !p.AnswersItself() {
+			return
+		}
 		reply := appendARP(nil, sha, p.mac, arpReply, p.mac, p.self, sha, netip.IPv4Unspecified())
 		p.mu.Lock()
 		defer p.mu.Unlock()
@@ -191,5 +240,8 @@ func (p *ARPProber) Close() error {
 	p.mu.Lock()
 	p.closed = true
 	p.mu.Unlock()
+	for _, f := range p.sysctls {
+		f.Close()
+	}
 	return p.f.Close()
 }

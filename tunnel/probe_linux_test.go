@@ -2,6 +2,7 @@ package tunnel
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -128,6 +129,23 @@ func TestKernelVXLANProbes(t *testing.T) {
 	if st, _ := pathOf(da.Device, "b"); st != "ok" {
 		t.Errorf("a's path to b with arp_ignore 1 on b: %q, want ok (b's router answers)", st)
 	}
+
+	// arp_ignore changed while b's router runs: its prober follows,
+	// and a's path to b never goes down meanwhile.
+	downs := value(da.metrics.pathChanges.WithLabelValues("down"))
+	bp := db.prober.(*ARPProber)
+	for _, v := range []int{0, 1} {
+		show(t, b.NS, "sysctl", "-q", "-w", fmt.Sprintf("net.ipv4.conf.all.arp_ignore=%d", v))
+		waitLong(t, fmt.Sprintf("b's prober to see arp_ignore %d", v), func() bool { return bp.AnswersItself() == (v > 0) })
+		_, r0 = pathOf(da.Device, "b")
+		waitLong(t, fmt.Sprintf("a's probes of b after arp_ignore %d on b", v), func() bool {
+			_, r := pathOf(da.Device, "b")
+			return r >= r0+probeMisses+2
+		})
+	}
+	if st, _ := pathOf(da.Device, "b"); st != "ok" || value(da.metrics.pathChanges.WithLabelValues("down")) != downs {
+		t.Errorf("a's path to b while arp_ignore changed on b: %q, %v falls; want ok and none", st, value(da.metrics.pathChanges.WithLabelValues("down"))-downs)
+	}
 }
 
 // FuzzARPFrame: the prober reads whatever reaches the VXLAN device as
@@ -142,11 +160,68 @@ func FuzzARPFrame(f *testing.F) {
 	f.Add([]byte{})
 	f.Add(make([]byte, EthernetHeaderLen+arpLen-1))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		p := &ARPProber{mac: mine, self: self, answer: true, closed: true}
+		p := &ARPProber{mac: mine, self: self, closed: true, now: time.Now, readArp: func() int { return 1 }}
+		p.answer.Store(true)
 		p.handle(b, func(mac [6]byte, addr netip.Addr) {
 			if len(b) < EthernetHeaderLen+arpLen || [6]byte(b[0:6]) != mine || [6]byte(b[EthernetHeaderLen+18:EthernetHeaderLen+24]) != mine {
 				t.Fatalf("answer from %x %s reported for a frame not sent to this node: % x", mac, addr, b)
 			}
 		})
 	})
+}
+
+// TestARPProberRereadsArpIgnore: arp_ignore changed while the router runs
+// is seen at the next peer probe once arpIgnoreEvery has passed (not at
+// every probe), answers start or stop with it, and each change is
+// reported once.
+func TestARPProberRereadsArpIgnore(t *testing.T) {
+	self := netip.MustParseAddr("192.0.2.1")
+	mine, peer := VTEPMAC("a"), VTEPMAC("b")
+	probe := appendARP(nil, mine, peer, arpRequest, peer, netip.IPv4Unspecified(), [6]byte{}, self)
+	now := time.Unix(1000, 0)
+	sysctl, reads := 0, 0
+	var changes []bool
+	p := &ARPProber{mac: mine, self: self, closed: true, checked: now,
+		now:     func() time.Time { return now },
+		readArp: func() int { reads++; return sysctl },
+		OnAnswerChange: func(answers bool, v int) {
+			if v != sysctl {
+				t.Errorf("OnAnswerChange(%v, %d), want arp_ignore %d", answers, v, sysctl)
+			}
+			changes = append(changes, answers)
+		}}
+	step := func(d time.Duration) {
+		now = now.Add(d)
+		p.handle(probe, func([6]byte, netip.Addr) { t.Fatal("a probe reported as an answer") })
+	}
+	step(100 * time.Millisecond)
+	if reads != 0 || p.AnswersItself() {
+		t.Fatalf("after 100ms: %d reads, answers %v; want none, false", reads, p.AnswersItself())
+	}
+	sysctl = 2
+	step(arpIgnoreEvery)
+	if reads != 1 || !p.AnswersItself() || len(changes) != 1 || !changes[0] {
+		t.Fatalf("arp_ignore 2 after %s: %d reads, answers %v, changes %v; want 1, true, [true]", arpIgnoreEvery, reads, p.AnswersItself(), changes)
+	}
+	for range 5 {
+		step(arpIgnoreEvery / 10)
+	}
+	if reads != 1 {
+		t.Errorf("%d reads within %s; want 1", reads, arpIgnoreEvery)
+	}
+	step(arpIgnoreEvery)
+	if reads != 2 || len(changes) != 1 {
+		t.Errorf("the same value read again: %d reads, changes %v; want 2, one change", reads, changes)
+	}
+	sysctl = 0
+	step(arpIgnoreEvery)
+	if p.AnswersItself() || len(changes) != 2 || changes[1] {
+		t.Errorf("arp_ignore 0 again: answers %v, changes %v; want false, [true false]", p.AnswersItself(), changes)
+	}
+	// A clock that went back reads again rather than never.
+	sysctl = 1
+	step(-time.Hour)
+	if !p.AnswersItself() {
+		t.Errorf("after the clock went back an hour, arp_ignore 1 not read")
+	}
 }
