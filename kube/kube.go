@@ -135,6 +135,7 @@ type Kube struct {
 	mu         sync.Mutex
 	nodes      map[string]nodeInfo // the informer's view: node name -> what weft uses of it
 	streaks    map[string]*streak  // failing API operations
+	worked     map[string]bool     // API operations that have succeeded since the start
 	said       map[string]string   // reclaim situations logged, to log each once
 	registered bool
 	started    bool
@@ -208,6 +209,7 @@ func New(cfg Config) (*Kube, error) {
 		synced:  make(chan struct{}),
 		nodes:   map[string]nodeInfo{},
 		streaks: map[string]*streak{},
+		worked:  map[string]bool{},
 		said:    map[string]string{},
 		rng:     cfg.Rand,
 	}

@@ -133,25 +133,55 @@ func (k *Kube) wait(ctx context.Context, d time.Duration) error {
 type streak struct {
 	since time.Time
 	n     int
+	// withdrawn: the streak is of Forbidden answers to an operation
+	// that worked before; escalated: that has been logged as an error.
+	withdrawn, escalated bool
 }
 
+// withdrawnGrace is how long a permission that worked before may be
+// refused before it is logged as an error. An uninstall (kubectl delete
+// -k deploy/) deletes the RBAC objects before the DaemonSet, so a router
+// still running meets a few refusals until its pod is stopped (its
+// termination grace is 30 s); a permission taken away for good is still
+// said as an error, a minute later.
+const withdrawnGrace = time.Minute
+
 // apiFailed counts a failed call and logs it if it starts a streak of
-// failures of its operation; later failures of the streak go to debug.
+// failures of its operation; later failures of the streak go to debug,
+// but for a withdrawn permission that outlasts withdrawnGrace.
 func (k *Kube) apiFailed(o op, err error) {
 	k.metrics.apiErrors.WithLabelValues(o.String()).Inc()
+	forbidden := apierrors.IsForbidden(err)
+	now := k.cfg.Now()
 	k.mu.Lock()
 	s, ok := k.streaks[o.String()]
 	if !ok {
-		s = &streak{since: k.cfg.Now()}
+		s = &streak{since: now, withdrawn: forbidden && k.worked[o.String()]}
 		k.streaks[o.String()] = s
 	}
 	s.n++
+	escalate := ok && s.withdrawn && forbidden && !s.escalated && now.Sub(s.since) >= withdrawnGrace
+	if escalate {
+		s.escalated = true
+	}
+	n, since := s.n, s.since
 	k.mu.Unlock()
-	if ok {
-		k.log.Debug("kubernetes API call failed again", "op", o.String(), "failures", s.n, "err", err)
+	if escalate {
+		k.log.Error(forbiddenMessage(o, err)+"; it was allowed before and has been refused since "+
+			since.Format(time.RFC3339)+"; retrying with backoff", "failures", n, "err", err)
 		return
 	}
-	if apierrors.IsForbidden(err) {
+	if ok {
+		k.log.Debug("kubernetes API call failed again", "op", o.String(), "failures", n, "err", err)
+		return
+	}
+	if s.withdrawn {
+		k.log.Warn(forbiddenMessage(o, err)+"; it was allowed before: weft's RBAC was removed or changed "+
+			"(expected while weft is being uninstalled, until this router stops); retrying with backoff, "+
+			"an error follows if it is still refused in "+withdrawnGrace.String(), "err", err)
+		return
+	}
+	if forbidden {
 		k.log.Error(forbiddenMessage(o, err)+"; retrying with backoff", "err", err)
 		return
 	}
@@ -168,6 +198,7 @@ func (k *Kube) apiOK(o op) {
 	k.mu.Lock()
 	s, ok := k.streaks[o.String()]
 	delete(k.streaks, o.String())
+	k.worked[o.String()] = true
 	k.mu.Unlock()
 	if ok {
 		k.log.Info("kubernetes API call works again", "op", o.String(), "failures", s.n,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -151,5 +152,61 @@ func TestPermanentError(t *testing.T) {
 	}
 	if n := f.countActions("create", "configmaps"); n != 1 {
 		t.Errorf("%d creates, want 1 (no retry)", n)
+	}
+}
+
+// TestForbiddenWithdrawn: a permission that worked before and is then
+// refused (an uninstall deletes the RBAC objects before the DaemonSet) is
+// a warning, not an error, for withdrawnGrace; refused longer, one error.
+// A permission that never worked stays an error at once
+// (TestForbiddenLogged).
+func TestForbiddenWithdrawn(t *testing.T) {
+	forbidden := apierrors.NewForbidden(schema.GroupResource{Resource: "configmaps"}, "weft",
+		errors.New(`User "system:serviceaccount:kube-system:weft" cannot get resource "configmaps" in API group "" in the namespace "kube-system"`))
+	for _, tc := range []struct {
+		name      string
+		failures  int
+		step      time.Duration // the clock's advance per reading
+		wantError int
+	}{
+		{"brief, as in an uninstall", 3, time.Second, 0},
+		{"for good", 8, 20 * time.Second, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newCASFake()
+			var mu sync.Mutex
+			now := time.Date(2026, 12, 4, 19, 0, 0, 0, time.UTC)
+			k := newTestKube(t, f, "a", "pa", func(c *Config) {
+				c.Now = func() time.Time {
+					mu.Lock()
+					defer mu.Unlock()
+					now = now.Add(tc.step)
+					return now
+				}
+			})
+			ctx := context.Background()
+			if err := k.RegisterPeer(ctx, "pa", "a"); err != nil {
+				t.Fatal(err)
+			}
+			f.failN("get", "configmaps", tc.failures, forbidden)
+			if err := k.RegisterPeer(ctx, "pa", "a"); err != nil {
+				t.Fatal(err)
+			}
+			if c := k.log.count("level=WARN msg=\"kubernetes API refused get configmaps (weft, kube-system)"); c != 1 {
+				t.Errorf("%d warnings of the withdrawn permission, want 1; log:\n%s", c, k.log)
+			}
+			if !strings.Contains(k.log.String(), "it was allowed before") {
+				t.Errorf("the warning does not say the permission worked before; log:\n%s", k.log)
+			}
+			if c := k.log.count("level=ERROR"); c != tc.wantError {
+				t.Errorf("%d errors, want %d; log:\n%s", c, tc.wantError, k.log)
+			}
+			if tc.wantError == 1 && !strings.Contains(k.log.String(), "has been refused since") {
+				t.Errorf("the error does not say since when; log:\n%s", k.log)
+			}
+			if c := k.log.count("kubernetes API call works again"); c != 1 {
+				t.Errorf("%d recovery lines, want 1; log:\n%s", c, k.log)
+			}
+		})
 	}
 }
