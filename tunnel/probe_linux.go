@@ -37,7 +37,6 @@ const (
 type ARPProber struct {
 	f      *os.File
 	ifidx  int
-	dev    string
 	mac    [6]byte // this node's VTEP MAC
 	self   netip.Addr
 	answer atomic.Bool // answer the peers' probes in userspace
@@ -74,7 +73,7 @@ func NewARPProber(ifidx int, dev string, mac [6]byte, self netip.Addr) (*ARPProb
 		unix.Close(fd)
 		return nil, fmt.Errorf("binding the vxlan path prober to %s: %w", dev, err)
 	}
-	p := &ARPProber{f: os.NewFile(uintptr(fd), "arp-probe:"+dev), ifidx: ifidx, dev: dev, mac: mac, self: self, now: time.Now}
+	p := &ARPProber{f: os.NewFile(uintptr(fd), "arp-probe:"+dev), ifidx: ifidx, mac: mac, self: self, now: time.Now}
 	for _, c := range []string{"all", dev} {
 		if f, err := os.Open("/proc/sys/net/ipv4/conf/" + c + "/arp_ignore"); err == nil {
 			p.sysctls = append(p.sysctls, f)
