@@ -104,6 +104,7 @@ bench: deps build
 	$(GO) run ./e2e/cmd/podbench
 	$(GO) run ./e2e/cmd/membench -nodes 3 -idle 60s -sample 15s -warmup-cycles 2000 -cycles 10000
 	$(GO) test -run '^$$' -bench . -benchmem ./ipalloc/
+	$(GO) test -run '^$$' -bench 'Fdatasync|Commit' -benchtime 4000x ./state/
 	$(GO) test -run '^$$' -bench LocalAPIAllocate -benchtime 2000x ./router/
 	$(GO) test -run '^$$' -bench LocalAPIAddDel -benchtime 10000x -count 3 ./router/
 	$(GO) test -run '^$$' -bench PolicyPropagation -benchtime 30x ./router/
