@@ -138,17 +138,17 @@ type streak struct {
 	withdrawn, escalated bool
 }
 
-// withdrawnGrace is how long a permission that worked before may be
+// WithdrawnGrace is how long a permission that worked before may be
 // refused before it is logged as an error. An uninstall (kubectl delete
 // -k deploy/) deletes the RBAC objects before the DaemonSet, so a router
 // still running meets a few refusals until its pod is stopped (its
 // termination grace is 30 s); a permission taken away for good is still
 // said as an error, a minute later.
-const withdrawnGrace = time.Minute
+const WithdrawnGrace = time.Minute
 
 // apiFailed counts a failed call and logs it if it starts a streak of
 // failures of its operation; later failures of the streak go to debug,
-// but for a withdrawn permission that outlasts withdrawnGrace.
+// but for a withdrawn permission that outlasts WithdrawnGrace.
 func (k *Kube) apiFailed(o op, err error) {
 	k.metrics.apiErrors.WithLabelValues(o.String()).Inc()
 	forbidden := apierrors.IsForbidden(err)
@@ -160,7 +160,7 @@ func (k *Kube) apiFailed(o op, err error) {
 		k.streaks[o.String()] = s
 	}
 	s.n++
-	escalate := ok && s.withdrawn && forbidden && !s.escalated && now.Sub(s.since) >= withdrawnGrace
+	escalate := ok && s.withdrawn && forbidden && !s.escalated && now.Sub(s.since) >= WithdrawnGrace
 	if escalate {
 		s.escalated = true
 	}
@@ -178,7 +178,7 @@ func (k *Kube) apiFailed(o op, err error) {
 	if s.withdrawn {
 		k.log.Warn(forbiddenMessage(o, err)+"; it was allowed before: weft's RBAC was removed or changed "+
 			"(expected while weft is being uninstalled, until this router stops); retrying with backoff, "+
-			"an error follows if it is still refused in "+withdrawnGrace.String(), "err", err)
+			"an error follows if it is still refused in "+WithdrawnGrace.String(), "err", err)
 		return
 	}
 	if forbidden {

@@ -157,7 +157,7 @@ func TestPermanentError(t *testing.T) {
 
 // TestForbiddenWithdrawn: a permission that worked before and is then
 // refused (an uninstall deletes the RBAC objects before the DaemonSet) is
-// a warning, not an error, for withdrawnGrace; refused longer, one error.
+// a warning, not an error, for WithdrawnGrace; refused longer, one error.
 // A permission that never worked stays an error at once
 // (TestForbiddenLogged).
 func TestForbiddenWithdrawn(t *testing.T) {

@@ -24,6 +24,7 @@ import (
 	netlisters "k8s.io/client-go/listers/networking/v1"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/weft-net/weft/kube"
 	"github.com/weft-net/weft/policy"
 )
 
@@ -99,6 +100,8 @@ type policyWatch struct {
 	appliedAt   time.Time             // of the last successful Sync
 	waiting     int                   // ADDs waiting for their rules
 	listErrs    map[string]error      // resource -> the last error listing or watching it
+	withdrawn   map[string]*refusal   // resource -> its run of Forbidden lists after it was listed once
+	now         func() time.Time      // the clock of withdrawn (a test sets it)
 	problems    map[string]bool       // Compile's problems logged already
 	blockedLast [2]uint64             // the enforcer's counters as last read
 	sampler     *blockLogger          // the log of blocked connections, once it runs
@@ -134,6 +137,8 @@ func newPolicyWatch(client kubernetes.Interface, node string, enf PolicyEnforcer
 		pending:   map[string]pendingPod{},
 		appliedCh: make(chan struct{}),
 		listErrs:  map[string]error{},
+		withdrawn: map[string]*refusal{},
+		now:       time.Now,
 		problems:  map[string]bool{},
 		syncTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "weft_policy_sync_total",
@@ -173,7 +178,7 @@ func newPolicyWatch(client kubernetes.Interface, node string, enf PolicyEnforcer
 	w.namespaces = w.factory.Core().V1().Namespaces().Lister()
 	w.policies = w.factory.Networking().V1().NetworkPolicies().Lister()
 	for res, inf := range map[string]cache.SharedIndexInformer{"pods": w.podInf, "namespaces": w.nsInf, "networkpolicies.networking.k8s.io": w.polInf} {
-		if err := inf.SetWatchErrorHandlerWithContext(w.watchError(res)); err != nil {
+		if err := inf.SetWatchErrorHandlerWithContext(w.watchError(res, inf.HasSynced)); err != nil {
 			return nil, err
 		}
 		var h cache.ResourceEventHandler = cache.ResourceEventHandlerFuncs{
@@ -206,24 +211,66 @@ func metaOf(obj any) (metav1.Object, error) {
 	return nil, errors.New("not an object")
 }
 
+// refusal is a run of Forbidden answers to the list or watch of a
+// resource that was listed before: since its first, last the latest;
+// escalated once it has been logged as an error.
+type refusal struct {
+	since, last time.Time
+	escalated   bool
+}
+
 // watchError records (and logs) why listing or watching a resource fails:
-// a forbidden list names the permission the ServiceAccount lacks.
-func (w *policyWatch) watchError(resource string) cache.WatchErrorHandlerWithContext {
+// a forbidden list names the permission the ServiceAccount lacks. A
+// permission refused after the resource was listed (worked) is one that
+// was taken away: an uninstall (kubectl delete -k deploy/) deletes the
+// RBAC objects before the DaemonSet, so a router still running meets such
+// refusals until its pod stops. That is a warning, and an error only once
+// it has lasted kube.WithdrawnGrace, as for the router's other API calls
+// (kube.Kube). A permission that never worked is an error at once.
+func (w *policyWatch) watchError(resource string, worked func() bool) cache.WatchErrorHandlerWithContext {
 	return func(ctx context.Context, _ *cache.Reflector, err error) {
 		if ctx.Err() != nil {
 			return
 		}
-		if apierrors.IsForbidden(err) {
+		forbidden := apierrors.IsForbidden(err)
+		if forbidden {
 			err = fmt.Errorf("the API server refuses to list or watch %s: %w; the router's ServiceAccount needs get, list and watch on %s "+
 				"(the ClusterRole weft in deploy/weft.yaml grants them)", resource, err, resource)
 		} else {
 			err = fmt.Errorf("listing or watching %s: %w", resource, err)
 		}
+		now := w.now()
 		w.mu.Lock()
 		old := w.listErrs[resource]
 		w.listErrs[resource] = err
+		r := w.withdrawn[resource]
+		if r != nil && (!forbidden || now.Sub(r.last) > kube.WithdrawnGrace) {
+			r = nil // the run ended: another error, or none for longer than the grace
+			delete(w.withdrawn, resource)
+		}
+		start := r == nil && forbidden && worked()
+		if start {
+			r = &refusal{since: now}
+			w.withdrawn[resource] = r
+		}
+		escalate := false
+		if r != nil {
+			r.last = now
+			escalate = !r.escalated && now.Sub(r.since) >= kube.WithdrawnGrace
+			r.escalated = r.escalated || escalate
+		}
 		w.mu.Unlock()
-		if old == nil || old.Error() != err.Error() {
+		switch {
+		case start:
+			w.log.Warn("network policy: "+err.Error()+"; it was allowed before: weft's RBAC was removed or changed "+
+				"(expected while weft is being uninstalled, until this router stops); retrying, an error follows if it is still refused in "+
+				kube.WithdrawnGrace.String(), "resource", resource)
+		case escalate:
+			w.log.Error("network policy: "+err.Error()+"; it was allowed before and has been refused since "+
+				r.since.Format(time.RFC3339)+"; retrying", "resource", resource)
+		case r != nil:
+			w.log.Debug("network policy: still refused", "resource", resource, "err", err)
+		case old == nil || old.Error() != err.Error():
 			w.log.Error("network policy: "+err.Error()+"; retrying", "resource", resource)
 		}
 	}
