@@ -142,6 +142,7 @@ type Kube struct {
 	rng        *rand.Rand
 
 	informer cache.SharedIndexInformer
+	handled  cache.InformerSynced      // the node handler has seen the first list
 	dsInf    cache.SharedIndexInformer // nil without Config.DaemonSet
 	dsGone   atomic.Bool
 }
@@ -218,7 +219,9 @@ func New(cfg Config) (*Kube, error) {
 		return nil, fmt.Errorf("kube: registering metrics: %w", err)
 	}
 	k.metrics = m
-	k.informer = k.newNodeInformer()
+	if k.informer, k.handled, err = k.newNodeInformer(); err != nil {
+		return nil, err
+	}
 	if cfg.DaemonSet != "" {
 		if errs := validation.IsDNS1123Subdomain(cfg.DaemonSet); len(errs) > 0 {
 			return nil, fmt.Errorf("kube: invalid DaemonSet name %q: %s", cfg.DaemonSet, errs[0])
@@ -256,7 +259,7 @@ func (k *Kube) Run(ctx context.Context) error {
 	if k.dsInf != nil {
 		wg.Go(func() { k.dsInf.RunWithContext(ctx) })
 	}
-	if !cache.WaitForCacheSync(ctx.Done(), k.informer.HasSynced) {
+	if !cache.WaitForCacheSync(ctx.Done(), k.handled) {
 		return nil
 	}
 	k.log.Info("kubernetes: node list synced", "nodes", k.NodeCount(), "peers", len(k.PeerAddrs()), "address-type", k.cfg.AddressType)

@@ -71,8 +71,11 @@ func usable(t corev1.NodeAddressType, a string) bool {
 
 // newNodeInformer lists and watches the Nodes through the client, counting
 // the calls' failures and successes as the other API calls are counted
-// (the informer's own reflector retries with backoff).
-func (k *Kube) newNodeInformer() cache.SharedIndexInformer {
+// (the informer's own reflector retries with backoff). The second result
+// reports whether the handler that fills Kube.nodes has seen the first
+// list: the informer's own HasSynced says only that its store has, and
+// the handler may still be delivering it.
+func (k *Kube) newNodeInformer() (cache.SharedIndexInformer, cache.InformerSynced, error) {
 	nodes := k.cfg.Client.CoreV1().Nodes()
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
@@ -95,12 +98,15 @@ func (k *Kube) newNodeInformer() cache.SharedIndexInformer {
 	_ = inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
 		k.log.Debug("kubernetes: node watch ended; the informer lists and watches again", "err", err)
 	})
-	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { k.nodeSeen(obj) },
 		UpdateFunc: func(_, obj any) { k.nodeSeen(obj) },
 		DeleteFunc: k.nodeDeleted,
 	})
-	return inf
+	if err != nil { // only if the informer had stopped: it has not started
+		return nil, nil, fmt.Errorf("kube: adding the node handler: %w", err)
+	}
+	return inf, reg.HasSynced, nil
 }
 
 // slimNode strips a Node down to its name, version and addresses.

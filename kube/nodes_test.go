@@ -3,6 +3,7 @@ package kube
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"runtime"
 	"slices"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	k8stesting "k8s.io/client-go/testing"
 )
@@ -317,5 +319,31 @@ func TestDaemonSetGone(t *testing.T) {
 	eventually(t, "the DaemonSet back", func() bool { return !k.DaemonSetGone() })
 	if _, err := New(Config{Client: f, NodeName: "n1", DaemonSet: "Bad Name"}); err == nil {
 		t.Error("an invalid DaemonSet name accepted")
+	}
+}
+
+// TestSyncedMeansEveryNodeHandled: once the node list has synced, every
+// Node of the first list is in the view that NodeCount, PeerAddrs and the
+// registration read. The informer's own HasSynced says only that its store
+// is full; its handler may still be delivering the list, and a router that
+// went on then found its own Node missing (an ERROR in a normal start) and
+// counted too few nodes.
+func TestSyncedMeansEveryNodeHandled(t *testing.T) {
+	const n = 3000
+	objs := make([]k8sruntime.Object, 0, n)
+	for i := range n {
+		objs = append(objs, node(fmt.Sprintf("n%04d", i), internal(fmt.Sprintf("10.%d.%d.%d", i>>16&255, i>>8&255, i&255+1))))
+	}
+	for round := range 3 {
+		f := newCASFake(objs...)
+		k := newTestKube(t, f, fmt.Sprintf("n%04d", n-1), "", func(c *Config) { c.After = time.After })
+		stop := k.run(t)
+		if got := k.NodeCount(); got != n {
+			t.Fatalf("round %d: synced with %d of the %d nodes handled", round, got, n)
+		}
+		if !k.nodeKnown(fmt.Sprintf("n%04d", n-1)) {
+			t.Fatalf("round %d: synced without this node", round)
+		}
+		stop()
 	}
 }
