@@ -72,3 +72,35 @@ func Build(ctx context.Context, log *slog.Logger) (Tools, error) {
 	}
 	return toolsIn(entry, strings.TrimSpace(src)), nil
 }
+
+// coreDNSRecipe is BuildCoreDNS's recipe (see recipe).
+const coreDNSRecipe = "coredns-build-1"
+
+// coreDNSSubdir is the CoreDNS module in the weft repository.
+var coreDNSSubdir = filepath.Join("e2e", "conformance", "dns")
+
+// BuildCoreDNS returns the path of the cluster DNS server of the test
+// clusters: CoreDNS pinned by e2e/conformance/dns, with the plugins of its
+// main.go, built static into the tools cache (a few minutes cold) unless
+// the cache has it for that module and Go version.
+func BuildCoreDNS(ctx context.Context, log *slog.Logger) (string, error) {
+	root, err := kubeapi.RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	entry, err := kubeapi.CachedTools{
+		Module:   filepath.Join(root, coreDNSSubdir),
+		KeyFiles: []string{"go.mod", "go.sum", "main.go"},
+		Recipe:   coreDNSRecipe,
+		Prefix:   "coredns",
+		What:     "CoreDNS (the test clusters' DNS)",
+		Tools: []kubeapi.Tool{{Name: "coredns", Note: "a few minutes", Args: func(out string) []string {
+			return []string{"build", "-trimpath", "-ldflags", "-s -w", "-o", out, "."}
+		}}},
+		Nice: true,
+	}.Ensure(ctx, log)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(entry, "coredns"), nil
+}

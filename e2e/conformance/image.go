@@ -25,11 +25,12 @@ import (
 // sig-network tests run in its containers through `kubectl exec`: a shell,
 // curl and nc above all (the dial helpers of test/e2e/framework/network),
 // wget (the Services specs' reachability loops), ss and ip (NodePort checks),
+// dig and getent (the DNS specs' probes),
 // and the few utilities their shell lines use.
 // The image takes them from this machine (Debian), with the shared libraries
 // ldd lists for each: make conformance installs the packages (deps-conformance).
 var HostTools = []string{
-	"sh", "bash", "curl", "wget", "nc", "ss", "ip",
+	"sh", "bash", "curl", "wget", "nc", "ss", "ip", "dig", "getent",
 	"cat", "echo", "ls", "sleep", "timeout", "grep", "sed", "head", "tail", "wc", "tr",
 	"date", "hostname", "env", "true", "false", "mkdir", "rm", "test", "seq", "cut", "printf",
 	"id", "touch", "cp", "mv", "ln", "chmod", "stat", "uname", "dd", "sort", "uniq", "tee", "basename", "dirname",
@@ -40,8 +41,11 @@ type entry = ociimage.File
 
 // ImageSpec is what AgnhostImage puts together.
 type ImageSpec struct {
-	Agnhost string   // the static agnhost binary
-	KubeSrc string   // k8s.io/kubernetes' source: test/images/agnhost/porter's certificate
+	Agnhost string // the static agnhost binary
+	KubeSrc string // k8s.io/kubernetes' source: test/images/agnhost/porter's certificate
+	// CoreDNS, if set, goes in as /coredns, as upstream's image has it:
+	// the DNS specs run it in agnhost pods (BuildCoreDNS).
+	CoreDNS string
 	Tags    []string // the names e2e.test pulls it by
 	Created time.Time
 }
@@ -93,7 +97,47 @@ func AgnhostImage(spec ImageSpec, out string) error {
 	if err != nil {
 		return err
 	}
-	layerData, err := ociimage.LayerTar(files, spec.Created)
+	return writeImage(out, files, spec.Tags, spec.Created,
+		"weft e2e/conformance: agnhost built from the pinned source, tools from the build host",
+		v1.Config{
+			Entrypoint: []string{"/agnhost"},
+			Cmd:        []string{"pause"},
+			Env:        []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+			WorkingDir: "/",
+			ExposedPorts: map[string]struct{}{
+				"80/tcp": {}, "8080/tcp": {}, "8081/tcp": {}, "9376/tcp": {}, "5000/tcp": {},
+			},
+		})
+}
+
+// CoreDNSImage builds the cluster DNS image of the test clusters: the
+// static CoreDNS of BuildCoreDNS as /coredns, its entrypoint, as upstream's
+// (distroless) image has it. Written as a `docker save` tarball with tag,
+// for `ctr images import`.
+func CoreDNSImage(coredns, tag string, created time.Time, out string) error {
+	bin, err := os.ReadFile(coredns)
+	if err != nil {
+		return fmt.Errorf("conformance: %w", err)
+	}
+	files := []entry{
+		{Path: "coredns", Mode: 0o755, Data: bin},
+		{Path: "etc/passwd", Mode: 0o644, Data: []byte("root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n")},
+		{Path: "etc/group", Mode: 0o644, Data: []byte("root:x:0:\nnonroot:x:65532:\n")},
+		{Path: "tmp", Mode: os.ModeDir | os.ModeSticky | 0o777},
+	}
+	return writeImage(out, files, []string{tag}, created,
+		"weft e2e/conformance: CoreDNS built from the pinned source (e2e/conformance/dns)",
+		v1.Config{
+			Entrypoint:   []string{"/coredns"},
+			WorkingDir:   "/",
+			ExposedPorts: map[string]struct{}{"53/tcp": {}, "53/udp": {}},
+		})
+}
+
+// writeImage writes an image of one layer of files, with config, as a
+// `docker save` tarball named by tags.
+func writeImage(out string, files []entry, tags []string, created time.Time, createdBy string, config v1.Config) error {
+	layerData, err := ociimage.LayerTar(files, created)
 	if err != nil {
 		return fmt.Errorf("conformance: %w", err)
 	}
@@ -101,13 +145,13 @@ func AgnhostImage(spec ImageSpec, out string) error {
 		return io.NopCloser(bytes.NewReader(layerData)), nil
 	})
 	if err != nil {
-		return fmt.Errorf("conformance: agnhost layer: %w", err)
+		return fmt.Errorf("conformance: image layer: %w", err)
 	}
 	img, err := mutate.Append(empty.Image, mutate.Addendum{Layer: layer, History: v1.History{
-		Created: v1.Time{Time: spec.Created}, CreatedBy: "weft e2e/conformance: agnhost built from the pinned source, tools from the build host",
+		Created: v1.Time{Time: created}, CreatedBy: createdBy,
 	}})
 	if err != nil {
-		return fmt.Errorf("conformance: agnhost image: %w", err)
+		return fmt.Errorf("conformance: image: %w", err)
 	}
 	cf, err := img.ConfigFile()
 	if err != nil {
@@ -115,20 +159,12 @@ func AgnhostImage(spec ImageSpec, out string) error {
 	}
 	cf = cf.DeepCopy()
 	cf.OS, cf.Architecture = "linux", runtime.GOARCH
-	cf.Created = v1.Time{Time: spec.Created}
-	cf.Config = v1.Config{
-		Entrypoint: []string{"/agnhost"},
-		Cmd:        []string{"pause"},
-		Env:        []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-		WorkingDir: "/",
-		ExposedPorts: map[string]struct{}{
-			"80/tcp": {}, "8080/tcp": {}, "8081/tcp": {}, "9376/tcp": {}, "5000/tcp": {},
-		},
-	}
+	cf.Created = v1.Time{Time: created}
+	cf.Config = config
 	if img, err = mutate.ConfigFile(img, cf); err != nil {
 		return err
 	}
-	if err := ociimage.WriteTarball(out, img, spec.Tags); err != nil {
+	if err := ociimage.WriteTarball(out, img, tags); err != nil {
 		return fmt.Errorf("conformance: %w", err)
 	}
 	return nil
@@ -154,6 +190,13 @@ func agnhostFiles(spec ImageSpec) ([]entry, error) {
 			return nil, fmt.Errorf("conformance: porter's certificate: %w", err)
 		}
 		files = append(files, entry{Path: f, Mode: 0o644, Data: data})
+	}
+	if spec.CoreDNS != "" {
+		bin, err := os.ReadFile(spec.CoreDNS)
+		if err != nil {
+			return nil, fmt.Errorf("conformance: %w", err)
+		}
+		files = append(files, entry{Path: "coredns", Mode: 0o755, Data: bin})
 	}
 	host, err := hostFiles(HostTools)
 	if err != nil {
@@ -185,7 +228,7 @@ func hostFiles(progs []string) ([]entry, error) {
 		}
 	}
 	if len(missing) > 0 {
-		return nil, fmt.Errorf("conformance: %s missing on this machine: make conformance installs them (deps-conformance: curl, wget, netcat-openbsd, iproute2, bash, coreutils)", strings.Join(missing, ", "))
+		return nil, fmt.Errorf("conformance: %s missing on this machine: make conformance installs them (deps-conformance: curl, wget, netcat-openbsd, iproute2, bash, coreutils, bind9-dnsutils, libc-bin)", strings.Join(missing, ", "))
 	}
 	var files []entry
 	links := map[string]string{}

@@ -1,11 +1,16 @@
 package conformance
 
 import (
+	"archive/tar"
+	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
 
 // A trimmed ginkgo JSON report: a suite node, a passed, a failed, a
@@ -138,13 +143,70 @@ func TestAgnhostImageFromThisHost(t *testing.T) {
 		}
 	}
 	// /bin/sh, /usr/bin/nc and the loader must resolve inside the image.
-	for _, p := range []string{"bin/sh", "usr/bin/nc", "lib64/ld-linux-x86-64.so.2"} {
+	for _, p := range []string{"bin/sh", "usr/bin/nc", "usr/bin/dig", "usr/bin/getent", "lib64/ld-linux-x86-64.so.2"} {
 		if _, err := os.Lstat("/" + p); err != nil {
 			continue // another layout or architecture
 		}
 		if !resolvesIn(have, p) {
 			t.Errorf("/%s does not resolve to a file in the image", p)
 		}
+	}
+}
+
+// TestCoreDNSImage: the image runs /coredns, has it, and carries the tag
+// the manifest names.
+func TestCoreDNSImage(t *testing.T) {
+	d := t.TempDir()
+	bin := filepath.Join(d, "coredns")
+	if err := os.WriteFile(bin, []byte("stand-in"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(d, "img.tar")
+	const tag = "weft-e2e/coredns:test"
+	if err := CoreDNSImage(bin, tag, time.Unix(0, 0), out); err != nil {
+		t.Fatal(err)
+	}
+	m, err := tarball.LoadManifest(func() (io.ReadCloser, error) { return os.Open(out) })
+	if err != nil || len(m) != 1 || !slices.Equal(m[0].RepoTags, []string{tag}) {
+		t.Fatalf("manifest %+v, %v: want one image tagged %s", m, err, tag)
+	}
+	img, err := tarball.ImageFromPath(out, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(cf.Config.Entrypoint, []string{"/coredns"}) {
+		t.Errorf("entrypoint %q, want /coredns", cf.Config.Entrypoint)
+	}
+	layers, err := img.Layers()
+	if err != nil || len(layers) != 1 {
+		t.Fatalf("layers %d, %v: want 1", len(layers), err)
+	}
+	rc, err := layers[0].Uncompressed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	tr := tar.NewReader(rc)
+	found := false
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h.Name == "coredns" && h.Mode&0o111 != 0 {
+			data, _ := io.ReadAll(tr)
+			found = string(data) == "stand-in"
+		}
+	}
+	if !found {
+		t.Error("the layer has no executable /coredns with the binary's content")
 	}
 }
 

@@ -47,6 +47,11 @@ type Options struct {
 	// not answer there meanwhile, as on a new node whose kube-proxy is not
 	// running yet.
 	KubeProxyLater bool
+	// ClusterDNS sets the kubelets' clusterDNS to DNSServiceIP, for a
+	// cluster that runs DeployDNS once the pod network is up (until then
+	// pods other than host-network ones get a resolver that does not
+	// answer, as on any cluster whose DNS is not up yet).
+	ClusterDNS bool
 }
 
 // Phase is one timed step of bringing the cluster up or testing it.
@@ -342,7 +347,11 @@ func (c *Cluster) startNode(ctx context.Context, en *e2e.Node) error {
 	}
 
 	kcfg := filepath.Join(en.Dir, "kubelet.yaml")
-	if err := os.WriteFile(kcfg, []byte(fmt.Sprintf(kubeletConfig, n.UnderlayIP, n.CgroupRoot)), 0o644); err != nil {
+	dns := ""
+	if c.opts.ClusterDNS {
+		dns = "clusterDNS:\n- " + DNSServiceIP + "\n"
+	}
+	if err := os.WriteFile(kcfg, []byte(fmt.Sprintf(kubeletConfig, n.UnderlayIP, n.CgroupRoot, dns)), 0o644); err != nil {
 		return fmt.Errorf("kubenodes: %w", err)
 	}
 	if n.Kubelet, err = c.Run.Start(n.NS, "kubelet "+n.Name, filepath.Join(en.Dir, "kubelet.log"),
@@ -396,7 +405,8 @@ const containerdConfig = `version = 2
         SystemdCgroup = false
 `
 
-// kubeletConfig: %[1]s node address, %[2]s cgroupRoot.
+// kubeletConfig: %[1]s node address, %[2]s cgroupRoot, %[3]s the
+// clusterDNS lines (or nothing).
 const kubeletConfig = `apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
@@ -415,7 +425,7 @@ authentication:
 authorization:
   mode: AlwaysAllow
 clusterDomain: cluster.local
-serializeImagePulls: false
+%[3]sserializeImagePulls: false
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard:

@@ -35,6 +35,7 @@ var (
 	conformanceTime  = flag.Duration("conformance.timeout", 80*time.Minute, "how long the e2e suite may run")
 	conformanceProcs = flag.Int("conformance.procs", 3, "ginkgo processes running specs at once (1: e2e.test alone, serially)")
 	conformanceOut   = flag.String("conformance.out", "", "directory for the suite's log, JSON report and summary (default <bin>/conformance)")
+	conformanceDNS   = flag.Bool("conformance.dns", true, "deploy the cluster DNS (CoreDNS, built from e2e/conformance/dns) before the suite runs, as a cluster has it")
 
 	kubeRunCmd = flag.String("kubenodes.cmd", os.Getenv("WEFT_KUBENODES_CMD"),
 		"a shell command run against the real-node cluster once weft is Ready (make kube-run CMD=...; also WEFT_KUBENODES_CMD), with KUBECONFIG and KUBECTL set; the cluster stays up until it exits")
@@ -44,15 +45,17 @@ var (
 // DefaultFocus is the part of the e2e suite make conformance runs: the
 // sig-network specs of pod-to-pod (intra- and inter-node), node-to-pod,
 // hostPort, Services (ClusterIP, NodePort, endpoints, session affinity)
-// and the API objects of the pod network (EndpointSlice, Proxy).
-const DefaultFocus = `\[sig-network\] (Networking|Services|HostPort|EndpointSlice|Proxy|Conntrack)`
+// the API objects of the pod network (EndpointSlice, Proxy) and DNS
+// (names of Services and pods through the cluster DNS, which
+// TestConformance deploys).
+const DefaultFocus = `\[sig-network\] (Networking|Services|HostPort|EndpointSlice|Proxy|Conntrack|DNS)`
 
 // DefaultSkip leaves out what this cluster cannot have or what is not the
-// pod network's: a cloud (LoadBalancer, ESIPP, the providers' SSH), DNS
-// (no DNS server is deployed), IPv6 and dual stack, SCTP (no module),
+// pod network's: a cloud (LoadBalancer, ESIPP, the providers' SSH), IPv6
+// and dual stack, SCTP (no module),
 // the Internet, and what disrupts the cluster, runs only serially or is
 // marked slow (minutes each).
-const DefaultSkip = `\[Feature:|\[Disruptive\]|\[Serial\]|\[Slow\]|\[Flaky\]|LoadBalancer|ESIPP|[Dd][Nn][Ss]|IPv6|[Dd]ual[- ]?[Ss]tack|SCTP|[Ii]nternet`
+const DefaultSkip = `\[Feature:|\[Disruptive\]|\[Serial\]|\[Slow\]|\[Flaky\]|LoadBalancer|ESIPP|IPv6|[Dd]ual[- ]?[Ss]tack|SCTP|[Ii]nternet`
 
 // TestConformance is make conformance: the e2e suite (e2e.test, built from
 // the pinned k8s.io/kubernetes) with DefaultFocus against three real nodes
@@ -73,11 +76,22 @@ func TestConformance(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("e2e suite and agnhost (cached): %s, %s", tools.Dir, time.Since(start).Round(time.Millisecond))
-	images, err := conformanceImages(ctx, run, tools)
+	var coredns string
+	if *conformanceDNS {
+		start := time.Now()
+		if coredns, err = conformance.BuildCoreDNS(ctx, log); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("CoreDNS (cached): %s, %s", coredns, time.Since(start).Round(time.Millisecond))
+	}
+	images, err := conformanceImages(ctx, run, tools, coredns)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := clusterWithWeft(t, ctx, run, images)
+	c := clusterWithWeft(t, ctx, run, images, *conformanceDNS)
+	if *conformanceDNS {
+		step(t, c, "cluster DNS (CoreDNS) rolled out", func() error { return c.DeployDNS(ctx) })
+	}
 
 	out := *conformanceOut
 	if out == "" {
@@ -173,7 +187,7 @@ func TestKubeNodesCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := clusterWithWeft(t, ctx, run, []string{filepath.Join(bin, "weft-image.tar"), filepath.Join(bin, "pause-image.tar")})
+	c := clusterWithWeft(t, ctx, run, []string{filepath.Join(bin, "weft-image.tar"), filepath.Join(bin, "pause-image.tar")}, false)
 	t.Setenv("KUBECONFIG", c.API.Admin.Kubeconfig)
 	t.Setenv("KUBECTL", c.API.Bins.Kubectl)
 	logPath := filepath.Join(run.Dir(), "command.log")
@@ -209,18 +223,19 @@ func runInUnderlay(ctx context.Context, run *e2e.Run, c *Cluster, name, logPath 
 	return fmt.Errorf("%s killed after %s (or the test's deadline): %w", name, timeout, errors.Join(p.Wait(), context.DeadlineExceeded))
 }
 
-// clusterWithWeft brings the cluster up with images in every containerd,
+// clusterWithWeft brings the cluster up with images in every containerd
+// (and the kubelets' clusterDNS set if dns: the caller deploys it),
 // applies weft as TestKubeNodes does (e2e/kubenodes/overlay) and waits for
 // every router and node to be Ready. On a failure it shows the cluster's
 // state and fails the test; the run takes everything down.
-func clusterWithWeft(t *testing.T, ctx context.Context, run *e2e.Run, images []string) *Cluster {
+func clusterWithWeft(t *testing.T, ctx context.Context, run *e2e.Run, images []string, dns bool) *Cluster {
 	t.Helper()
 	for _, f := range images {
 		if _, err := os.Stat(f); err != nil {
 			t.Fatalf("%v: run `make image` (both images) first", err)
 		}
 	}
-	c, err := newCluster(ctx, t, run, Options{Images: images})
+	c, err := newCluster(ctx, t, run, Options{Images: images, ClusterDNS: dns})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -244,8 +259,9 @@ func clusterWithWeft(t *testing.T, ctx context.Context, run *e2e.Run, images []s
 
 // conformanceImages are the tarballs the nodes import for the suite: weft's
 // image, the pause image also under the suite's pause name, and agnhost
-// under the names e2e.test pulls (read from its --list-images).
-func conformanceImages(ctx context.Context, run *e2e.Run, tools conformance.Tools) ([]string, error) {
+// under the names e2e.test pulls (read from its --list-images); with a
+// coredns binary, also CoreDNS's image (DNSImage) and /coredns in agnhost.
+func conformanceImages(ctx context.Context, run *e2e.Run, tools conformance.Tools, coredns string) ([]string, error) {
 	bin, err := run.BinDir()
 	if err != nil {
 		return nil, err
@@ -271,7 +287,7 @@ func conformanceImages(ctx context.Context, run *e2e.Run, tools conformance.Tool
 	}
 	agnhost := filepath.Join(run.Dir(), "agnhost-image.tar")
 	if err := conformance.AgnhostImage(conformance.ImageSpec{
-		Agnhost: tools.Agnhost, KubeSrc: tools.KubeSrc, Tags: agnhostTags, Created: time.Unix(0, 0).UTC(),
+		Agnhost: tools.Agnhost, KubeSrc: tools.KubeSrc, CoreDNS: coredns, Tags: agnhostTags, Created: time.Unix(0, 0).UTC(),
 	}, agnhost); err != nil {
 		return nil, err
 	}
@@ -280,7 +296,15 @@ func conformanceImages(ctx context.Context, run *e2e.Run, tools conformance.Tool
 	if err := retag(pauseImage, pause, pauseTags); err != nil {
 		return nil, err
 	}
-	return []string{weftImage, pause, agnhost}, nil
+	images := []string{weftImage, pause, agnhost}
+	if coredns != "" {
+		img := filepath.Join(run.Dir(), "coredns-image.tar")
+		if err := conformance.CoreDNSImage(coredns, DNSImage, time.Unix(0, 0).UTC(), img); err != nil {
+			return nil, err
+		}
+		images = append(images, img)
+	}
+	return images, nil
 }
 
 // retag writes the image of the tarball in as out, under its own tag and

@@ -10,6 +10,8 @@
 //     and agnhost, pinned by e2e/conformance/tools. `make conformance`
 //     runs it before the cluster comes up, so that no cluster waits for a
 //     cold build.
+//   - kube-tools coredns: CoreDNS with a cluster DNS's plugins, pinned by
+//     e2e/conformance/dns, the cluster DNS of `make conformance`.
 package main
 
 import (
@@ -18,6 +20,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	"github.com/weft-net/weft/e2e/conformance"
@@ -31,7 +34,7 @@ func main() {
 	case 2:
 		set = os.Args[1]
 	default:
-		fmt.Fprintln(os.Stderr, "usage: kube-tools [control-plane|conformance]")
+		fmt.Fprintln(os.Stderr, "usage: kube-tools [control-plane|conformance|coredns]")
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -48,8 +51,12 @@ func main() {
 		var tools conformance.Tools
 		tools, err = conformance.Build(ctx, log)
 		dir = tools.Dir
+	case "coredns":
+		var bin string
+		bin, err = conformance.BuildCoreDNS(ctx, log)
+		dir = filepath.Dir(bin)
 	default:
-		fmt.Fprintf(os.Stderr, "kube-tools: unknown set %q: want control-plane or conformance\n", set)
+		fmt.Fprintf(os.Stderr, "kube-tools: unknown set %q: want control-plane, conformance or coredns\n", set)
 		os.Exit(2)
 	}
 	if err != nil {
