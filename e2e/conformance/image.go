@@ -87,6 +87,61 @@ func ImagesFor(list, version string) (agnhost, pause []string, err error) {
 	return agnhost, pause, nil
 }
 
+// GlibcDNSTags picks from e2e.test's --list-images output the names of
+// glibc-dns-testing, the DNS specs' second querier (upstream: Debian with
+// dnsutils and /coredns); none when the suite has none.
+func GlibcDNSTags(list string) []string {
+	var tags []string
+	for _, l := range strings.Fields(list) {
+		repo, _, ok := strings.Cut(l[strings.LastIndex(l, "/")+1:], ":")
+		if ok && repo == "glibc-dns-testing" && strings.Contains(l, "e2e-test-images/") {
+			tags = append(tags, l)
+		}
+	}
+	return tags
+}
+
+// DNSTestingTools are what the DNS specs run in glibc-dns-testing: the
+// shell loop of their probes (seq, test, echo, sleep), dig and getent.
+var DNSTestingTools = []string{"sh", "bash", "dig", "getent", "seq", "test", "echo", "sleep", "cat", "ls", "grep", "mkdir", "rm"}
+
+// GlibcDNSImage builds glibc-dns-testing's image as upstream's is made
+// (Debian, dnsutils, /coredns): DNSTestingTools of this machine (Debian)
+// with their libraries, and CoreDNS as /coredns. No entrypoint: the specs
+// give the command. Written as a `docker save` tarball with tags.
+func GlibcDNSImage(coredns string, tags []string, created time.Time, out string) error {
+	files, err := glibcDNSFiles(coredns)
+	if err != nil {
+		return err
+	}
+	return writeImage(out, files, tags, created,
+		"weft e2e/conformance: glibc-dns-testing from the build host's dnsutils and the pinned CoreDNS",
+		v1.Config{
+			Cmd:        []string{"/bin/sh"},
+			Env:        []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+			WorkingDir: "/",
+		})
+}
+
+func glibcDNSFiles(coredns string) ([]entry, error) {
+	bin, err := os.ReadFile(coredns)
+	if err != nil {
+		return nil, fmt.Errorf("conformance: %w", err)
+	}
+	files := []entry{
+		{Path: "coredns", Mode: 0o755, Data: bin},
+		{Path: "tmp", Mode: os.ModeDir | os.ModeSticky | 0o777},
+		{Path: "etc/passwd", Mode: 0o644, Data: []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n")},
+		{Path: "etc/group", Mode: 0o644, Data: []byte("root:x:0:\nnogroup:x:65534:\n")},
+		{Path: "etc/nsswitch.conf", Mode: 0o644, Data: []byte("hosts: files dns\npasswd: files\ngroup: files\n")},
+	}
+	host, err := hostFiles(DNSTestingTools)
+	if err != nil {
+		return nil, err
+	}
+	return dedupe(append(files, host...)), nil
+}
+
 // AgnhostImage builds agnhost's image: /agnhost as entrypoint (command
 // pause, as upstream), the agnhost-2 link, porter's certificate, /uploads,
 // the image's user 1000 and group 50000, and HostTools with their
@@ -232,6 +287,13 @@ func hostFiles(progs []string) ([]entry, error) {
 	}
 	var files []entry
 	links := map[string]string{}
+	// The merged /usr's top-level links, met or not: a command line may
+	// name /bin/sh while PATH found /usr/bin/sh.
+	for _, top := range []string{"/bin", "/sbin", "/lib", "/lib64"} {
+		if to, err := os.Readlink(top); err == nil {
+			links[top] = to
+		}
+	}
 	for p := range want {
 		// Every link on the way (the merged /usr's /lib64, or the
 		// alternatives' /usr/bin/nc -> /etc/alternatives/nc) goes in as a

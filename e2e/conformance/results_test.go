@@ -69,6 +69,12 @@ func TestImagesFor(t *testing.T) {
 	if _, _, err := ImagesFor(list, "2.70"); err == nil {
 		t.Error("no error for an agnhost version the list lacks")
 	}
+	if g := GlibcDNSTags(list + "registry.k8s.io/e2e-test-images/glibc-dns-testing:2.1.1\n"); !slices.Equal(g, []string{"registry.k8s.io/e2e-test-images/glibc-dns-testing:2.1.1"}) {
+		t.Errorf("glibc-dns-testing %v", g)
+	}
+	if g := GlibcDNSTags(list); len(g) != 0 {
+		t.Errorf("glibc-dns-testing %v from a list without it", g)
+	}
 }
 
 func TestResolveKeepsEveryLink(t *testing.T) {
@@ -207,6 +213,43 @@ func TestCoreDNSImage(t *testing.T) {
 	}
 	if !found {
 		t.Error("the layer has no executable /coredns with the binary's content")
+	}
+}
+
+// TestGlibcDNSImageFromThisHost: the DNS specs' glibc querier has /coredns
+// and a dig, getent and sh that resolve, with their loader, in the image.
+func TestGlibcDNSImageFromThisHost(t *testing.T) {
+	for _, p := range DNSTestingTools {
+		if _, err := lookPath(p); err != nil {
+			t.Skipf("%v: make deps-conformance installs the tools the image takes from this machine", err)
+		}
+	}
+	d := t.TempDir()
+	bin := filepath.Join(d, "coredns")
+	if err := os.WriteFile(bin, []byte("stand-in"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := GlibcDNSImage(bin, []string{"registry.k8s.io/e2e-test-images/glibc-dns-testing:2.1.1"}, time.Unix(0, 0), filepath.Join(d, "img.tar")); err != nil {
+		t.Fatal(err)
+	}
+	files, err := glibcDNSFiles(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]entry{}
+	for _, f := range files {
+		have[f.Path] = f
+	}
+	if f, ok := have["coredns"]; !ok || string(f.Data) != "stand-in" {
+		t.Error("image lacks /coredns")
+	}
+	for _, p := range []string{"bin/sh", "usr/bin/dig", "usr/bin/getent", "usr/bin/seq", "lib64/ld-linux-x86-64.so.2"} {
+		if _, err := os.Lstat("/" + p); err != nil {
+			continue // another layout or architecture
+		}
+		if !resolvesIn(have, p) {
+			t.Errorf("/%s does not resolve to a file in the image", p)
+		}
 	}
 }
 

@@ -260,7 +260,8 @@ func clusterWithWeft(t *testing.T, ctx context.Context, run *e2e.Run, images []s
 // conformanceImages are the tarballs the nodes import for the suite: weft's
 // image, the pause image also under the suite's pause name, and agnhost
 // under the names e2e.test pulls (read from its --list-images); with a
-// coredns binary, also CoreDNS's image (DNSImage) and /coredns in agnhost.
+// coredns binary, also CoreDNS's image (DNSImage), /coredns in agnhost, and
+// the DNS specs' glibc-dns-testing.
 func conformanceImages(ctx context.Context, run *e2e.Run, tools conformance.Tools, coredns string) ([]string, error) {
 	bin, err := run.BinDir()
 	if err != nil {
@@ -303,6 +304,14 @@ func conformanceImages(ctx context.Context, run *e2e.Run, tools conformance.Tool
 			return nil, err
 		}
 		images = append(images, img)
+		if tags := conformance.GlibcDNSTags(string(list)); len(tags) > 0 {
+			img := filepath.Join(run.Dir(), "glibc-dns-testing-image.tar")
+			if err := conformance.GlibcDNSImage(coredns, tags, time.Unix(0, 0).UTC(), img); err != nil {
+				return nil, err
+			}
+			run.Log().Info("conformance: glibc-dns-testing image built", "tags", tags, "tarball", img)
+			images = append(images, img)
+		}
 	}
 	return images, nil
 }
