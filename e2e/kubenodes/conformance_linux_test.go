@@ -242,17 +242,31 @@ func clusterWithWeft(t *testing.T, ctx context.Context, run *e2e.Run, images []s
 	deployWeft(ctx, t, c)
 	// The control plane reaches pods as from a node: in a cluster the API
 	// server runs on a node with weft (the proxy subresource, webhooks and
-	// the suite's Proxy specs dial pod addresses from it); here it runs in
-	// the underlay, so the underlay routes the pod range through n0.
-	step(t, c, "underlay: pod range via "+c.Nodes[0].Name, func() error {
+	// the suite's Proxy and DNS specs dial pod addresses from it), and its
+	// packets to a pod on another node leave with the node's own pod-range
+	// address (the routes' src). Here it runs in the underlay, so the
+	// underlay routes the pod range through n0, and n0 masquerades what
+	// comes from the API server's address to another node's pods: weft's
+	// peers drop a packet whose source lies outside the sending peer's
+	// ranges (vxlan-spoofed-source), as they must.
+	n0 := c.Nodes[0]
+	step(t, c, "underlay: pod range via "+n0.Name+", masqueraded there", func() error {
 		_, dst, err := net.ParseCIDR(PodRange)
 		if err != nil {
 			return err
 		}
-		gw := net.IP(c.Nodes[0].UnderlayIP.AsSlice())
-		return c.Net.Underlay.WithHandle(func(h *netlink.Handle) error {
+		gw := net.IP(n0.UnderlayIP.AsSlice())
+		if err := c.Net.Underlay.WithHandle(func(h *netlink.Handle) error {
 			return h.RouteReplace(&netlink.Route{Dst: dst, Gw: gw})
-		})
+		}); err != nil {
+			return err
+		}
+		rule := fmt.Sprintf(`table ip weft-e2e-controlplane { chain post { type nat hook postrouting priority 100; ip saddr %s ip daddr %s oifname != "weft" masquerade; }; }`,
+			c.API.Addr.Addr(), PodRange)
+		if out, err := n0.NS.Exec(ctx, "nft", rule); err != nil {
+			return fmt.Errorf("nft in %s: %w: %s", n0.Name, err, out)
+		}
+		return nil
 	})
 	return c
 }
