@@ -104,3 +104,40 @@ func BuildCoreDNS(ctx context.Context, log *slog.Logger) (string, error) {
 	}
 	return filepath.Join(entry, "coredns"), nil
 }
+
+// extraRecipe is BuildExtras' recipe (see recipe).
+const extraRecipe = "conformance-extra-1"
+
+// Extras are test images' programs of the pinned source that the network
+// specs run besides agnhost, each a static binary in its own image.
+type Extras struct {
+	// Regression74839 is test/images/regression-issue-74839, the server of
+	// the Conntrack spec "proxy implementation should not be vulnerable to
+	// the invalid conntrack state bug".
+	Regression74839 string
+}
+
+// BuildExtras builds Extras from the tools module into a cache entry of
+// their own (seconds: the standard library alone), so that adding one
+// never invalidates the e2e suite's entry.
+func BuildExtras(ctx context.Context, log *slog.Logger) (Extras, error) {
+	root, err := kubeapi.RepoRoot()
+	if err != nil {
+		return Extras{}, err
+	}
+	entry, err := kubeapi.CachedTools{
+		Module:   filepath.Join(root, toolsSubdir),
+		KeyFiles: []string{"go.mod", "go.sum", "tools.go"},
+		Recipe:   extraRecipe,
+		Prefix:   "conformance-extra",
+		What:     "the network specs' other test programs",
+		Tools: []kubeapi.Tool{{Name: "regression-issue-74839", Note: "seconds", Args: func(out string) []string {
+			return []string{"build", "-trimpath", "-ldflags", "-s -w", "-o", out, "k8s.io/kubernetes/test/images/regression-issue-74839"}
+		}}},
+		Nice: true,
+	}.Ensure(ctx, log)
+	if err != nil {
+		return Extras{}, err
+	}
+	return Extras{Regression74839: filepath.Join(entry, "regression-issue-74839")}, nil
+}

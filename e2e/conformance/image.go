@@ -25,12 +25,12 @@ import (
 // sig-network tests run in its containers through `kubectl exec`: a shell,
 // curl and nc above all (the dial helpers of test/e2e/framework/network),
 // wget (the Services specs' reachability loops), ss and ip (NodePort checks),
-// dig and getent (the DNS specs' probes),
+// dig, nslookup and getent (the DNS and ExternalName specs' lookups),
 // and the few utilities their shell lines use.
 // The image takes them from this machine (Debian), with the shared libraries
 // ldd lists for each: make conformance installs the packages (deps-conformance).
 var HostTools = []string{
-	"sh", "bash", "curl", "wget", "nc", "ss", "ip", "dig", "getent",
+	"sh", "bash", "curl", "wget", "nc", "ss", "ip", "dig", "nslookup", "getent",
 	"cat", "echo", "ls", "sleep", "timeout", "grep", "sed", "head", "tail", "wc", "tr",
 	"date", "hostname", "env", "true", "false", "mkdir", "rm", "test", "seq", "cut", "printf",
 	"id", "touch", "cp", "mv", "ln", "chmod", "stat", "uname", "dd", "sort", "uniq", "tee", "basename", "dirname",
@@ -90,16 +90,7 @@ func ImagesFor(list, version string) (agnhost, pause []string, err error) {
 // GlibcDNSTags picks from e2e.test's --list-images output the names of
 // glibc-dns-testing, the DNS specs' second querier (upstream: Debian with
 // dnsutils and /coredns); none when the suite has none.
-func GlibcDNSTags(list string) []string {
-	var tags []string
-	for _, l := range strings.Fields(list) {
-		repo, _, ok := strings.Cut(l[strings.LastIndex(l, "/")+1:], ":")
-		if ok && repo == "glibc-dns-testing" && strings.Contains(l, "e2e-test-images/") {
-			tags = append(tags, l)
-		}
-	}
-	return tags
-}
+func GlibcDNSTags(list string) []string { return TagsOf(list, "glibc-dns-testing") }
 
 // DNSTestingTools are what the DNS specs run in glibc-dns-testing: the
 // shell loop of their probes (seq, test, echo, sleep), dig and getent.
@@ -187,6 +178,35 @@ func CoreDNSImage(coredns, tag string, created time.Time, out string) error {
 			WorkingDir:   "/",
 			ExposedPorts: map[string]struct{}{"53/tcp": {}, "53/udp": {}},
 		})
+}
+
+// ProgramImage builds the image of one static program: /<name> as its
+// entrypoint and nothing else (upstream's test images of Go programs on a
+// distroless base), as a `docker save` tarball with tags.
+func ProgramImage(bin, name string, tags []string, created time.Time, out string) error {
+	data, err := os.ReadFile(bin)
+	if err != nil {
+		return fmt.Errorf("conformance: %w", err)
+	}
+	files := []entry{
+		{Path: name, Mode: 0o755, Data: data},
+		{Path: "tmp", Mode: os.ModeDir | os.ModeSticky | 0o777},
+	}
+	return writeImage(out, files, tags, created, "weft e2e/conformance: "+name+" built from the pinned source",
+		v1.Config{Entrypoint: []string{"/" + name}, WorkingDir: "/"})
+}
+
+// TagsOf picks from e2e.test's --list-images output the names of the
+// e2e-test-images image repo (e.g. regression-issue-74839).
+func TagsOf(list, repo string) []string {
+	var tags []string
+	for _, l := range strings.Fields(list) {
+		r, _, ok := strings.Cut(l[strings.LastIndex(l, "/")+1:], ":")
+		if ok && r == repo && strings.Contains(l, "e2e-test-images/") {
+			tags = append(tags, l)
+		}
+	}
+	return tags
 }
 
 // writeImage writes an image of one layer of files, with config, as a

@@ -72,6 +72,9 @@ func TestImagesFor(t *testing.T) {
 	if g := GlibcDNSTags(list + "registry.k8s.io/e2e-test-images/glibc-dns-testing:2.1.1\n"); !slices.Equal(g, []string{"registry.k8s.io/e2e-test-images/glibc-dns-testing:2.1.1"}) {
 		t.Errorf("glibc-dns-testing %v", g)
 	}
+	if g := TagsOf(list+"registry.k8s.io/e2e-test-images/regression-issue-74839:1.5\n", "regression-issue-74839"); !slices.Equal(g, []string{"registry.k8s.io/e2e-test-images/regression-issue-74839:1.5"}) {
+		t.Errorf("regression-issue-74839 %v", g)
+	}
 	if g := GlibcDNSTags(list); len(g) != 0 {
 		t.Errorf("glibc-dns-testing %v from a list without it", g)
 	}
@@ -156,6 +159,30 @@ func TestAgnhostImageFromThisHost(t *testing.T) {
 		if !resolvesIn(have, p) {
 			t.Errorf("/%s does not resolve to a file in the image", p)
 		}
+	}
+}
+
+// TestProgramImage: a static program's image runs it.
+func TestProgramImage(t *testing.T) {
+	d := t.TempDir()
+	bin := filepath.Join(d, "prog")
+	if err := os.WriteFile(bin, []byte("stand-in"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(d, "img.tar")
+	if err := ProgramImage(bin, "regression-issue-74839", []string{"registry.k8s.io/e2e-test-images/regression-issue-74839:1.5"}, time.Unix(0, 0), out); err != nil {
+		t.Fatal(err)
+	}
+	img, err := tarball.ImageFromPath(out, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(cf.Config.Entrypoint, []string{"/regression-issue-74839"}) {
+		t.Errorf("entrypoint %q", cf.Config.Entrypoint)
 	}
 }
 

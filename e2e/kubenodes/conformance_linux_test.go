@@ -273,7 +273,8 @@ func clusterWithWeft(t *testing.T, ctx context.Context, run *e2e.Run, images []s
 
 // conformanceImages are the tarballs the nodes import for the suite: weft's
 // image, the pause image also under the suite's pause name, and agnhost
-// under the names e2e.test pulls (read from its --list-images); with a
+// under the names e2e.test pulls (read from its --list-images), the
+// Conntrack spec's regression-issue-74839 (BuildExtras); with a
 // coredns binary, also CoreDNS's image (DNSImage), /coredns in agnhost, and
 // the DNS specs' glibc-dns-testing.
 func conformanceImages(ctx context.Context, run *e2e.Run, tools conformance.Tools, coredns string) ([]string, error) {
@@ -312,6 +313,17 @@ func conformanceImages(ctx context.Context, run *e2e.Run, tools conformance.Tool
 		return nil, err
 	}
 	images := []string{weftImage, pause, agnhost}
+	if tags := conformance.TagsOf(string(list), "regression-issue-74839"); len(tags) > 0 {
+		extras, err := conformance.BuildExtras(ctx, run.Log())
+		if err != nil {
+			return nil, err
+		}
+		img := filepath.Join(run.Dir(), "regression-issue-74839-image.tar")
+		if err := conformance.ProgramImage(extras.Regression74839, "regression-issue-74839", tags, time.Unix(0, 0).UTC(), img); err != nil {
+			return nil, err
+		}
+		images = append(images, img)
+	}
 	if coredns != "" {
 		img := filepath.Join(run.Dir(), "coredns-image.tar")
 		if err := conformance.CoreDNSImage(coredns, DNSImage, time.Unix(0, 0).UTC(), img); err != nil {

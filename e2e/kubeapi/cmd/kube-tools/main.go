@@ -51,6 +51,9 @@ func main() {
 		var tools conformance.Tools
 		tools, err = conformance.Build(ctx, log)
 		dir = tools.Dir
+		if err == nil {
+			_, err = conformance.BuildExtras(ctx, log)
+		}
 	case "coredns":
 		var bin string
 		bin, err = conformance.BuildCoreDNS(ctx, log)
