@@ -197,7 +197,7 @@ e2e-kube-short: deps-kube build image kube-tools
 # CONFORMANCE_PROCS ginkgo processes run specs at once (1: serially).
 # CONFORMANCE_FOCUS / CONFORMANCE_SKIP replace the ginkgo focus and skip of
 # docs/kubernetes.md; the log, JSON report and summary go to bin/conformance.
-CONFORMANCE_APT_PKGS := curl wget netcat-openbsd iproute2 bash coreutils bind9-dnsutils libc-bin
+CONFORMANCE_APT_PKGS := curl wget netcat-openbsd iproute2 bash coreutils bind9-dnsutils libc-bin busybox-static
 CONFORMANCE_FOCUS ?=
 CONFORMANCE_SKIP  ?=
 CONFORMANCE_TIMEOUT ?= 80m

@@ -196,6 +196,51 @@ func ProgramImage(bin, name string, tags []string, created time.Time, out string
 		v1.Config{Entrypoint: []string{"/" + name}, WorkingDir: "/"})
 }
 
+// BusyBox is the static busybox of Debian's busybox-static package, the
+// program of upstream's e2e-test-images/busybox.
+const BusyBox = "/bin/busybox"
+
+// BusyBoxImage builds e2e-test-images/busybox as upstream's is made: a
+// static busybox with a link in /bin for each of its applets (busybox
+// --list), /bin/sh among them; no entrypoint, command sh. Written as a
+// `docker save` tarball with tags.
+func BusyBoxImage(busybox string, tags []string, created time.Time, out string) error {
+	files, err := busyboxFiles(busybox)
+	if err != nil {
+		return err
+	}
+	return writeImage(out, files, tags, created, "weft e2e/conformance: busybox from the build host's busybox-static",
+		v1.Config{
+			Cmd:        []string{"sh"},
+			Env:        []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+			WorkingDir: "/",
+		})
+}
+
+func busyboxFiles(busybox string) ([]entry, error) {
+	bin, err := os.ReadFile(busybox)
+	if err != nil {
+		return nil, fmt.Errorf("conformance: %w (make deps-conformance installs busybox-static)", err)
+	}
+	out, err := exec.Command(busybox, "--list").Output()
+	if err != nil {
+		return nil, fmt.Errorf("conformance: %s --list: %w", busybox, err)
+	}
+	files := []entry{
+		{Path: "bin/busybox", Mode: 0o755, Data: bin},
+		{Path: "tmp", Mode: os.ModeDir | os.ModeSticky | 0o777},
+		{Path: "etc/passwd", Mode: 0o644, Data: []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/home:/bin/false\n")},
+		{Path: "etc/group", Mode: 0o644, Data: []byte("root:x:0:\nnogroup:x:65534:\n")},
+	}
+	for _, applet := range strings.Fields(string(out)) {
+		if applet == "busybox" || strings.Contains(applet, "/") {
+			continue
+		}
+		files = append(files, entry{Path: "bin/" + applet, Mode: os.ModeSymlink | 0o777, Link: "busybox"})
+	}
+	return files, nil
+}
+
 // TagsOf picks from e2e.test's --list-images output the names of the
 // e2e-test-images image repo (e.g. regression-issue-74839).
 func TagsOf(list, repo string) []string {

@@ -186,6 +186,30 @@ func TestProgramImage(t *testing.T) {
 	}
 }
 
+// TestBusyBoxImage: /bin/sh and the other applets link to a busybox in
+// the image.
+func TestBusyBoxImage(t *testing.T) {
+	if _, err := os.Stat(BusyBox); err != nil {
+		t.Skipf("%v: make deps-conformance installs busybox-static", err)
+	}
+	files, err := busyboxFiles(BusyBox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]entry{}
+	for _, f := range files {
+		have[f.Path] = f
+	}
+	for _, p := range []string{"bin/sh", "bin/sleep", "bin/nc", "bin/echo"} {
+		if !resolvesIn(have, p) {
+			t.Errorf("/%s does not resolve to a file in the image", p)
+		}
+	}
+	if err := BusyBoxImage(BusyBox, []string{"registry.k8s.io/e2e-test-images/busybox:1.37.0-2"}, time.Unix(0, 0), filepath.Join(t.TempDir(), "img.tar")); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestCoreDNSImage: the image runs /coredns, has it, and carries the tag
 // the manifest names.
 func TestCoreDNSImage(t *testing.T) {

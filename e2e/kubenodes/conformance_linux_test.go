@@ -274,7 +274,8 @@ func clusterWithWeft(t *testing.T, ctx context.Context, run *e2e.Run, images []s
 // conformanceImages are the tarballs the nodes import for the suite: weft's
 // image, the pause image also under the suite's pause name, and agnhost
 // under the names e2e.test pulls (read from its --list-images), the
-// Conntrack spec's regression-issue-74839 (BuildExtras); with a
+// Conntrack spec's regression-issue-74839 (BuildExtras) and busybox (this
+// machine's busybox-static); with a
 // coredns binary, also CoreDNS's image (DNSImage), /coredns in agnhost, and
 // the DNS specs' glibc-dns-testing.
 func conformanceImages(ctx context.Context, run *e2e.Run, tools conformance.Tools, coredns string) ([]string, error) {
@@ -320,6 +321,13 @@ func conformanceImages(ctx context.Context, run *e2e.Run, tools conformance.Tool
 		}
 		img := filepath.Join(run.Dir(), "regression-issue-74839-image.tar")
 		if err := conformance.ProgramImage(extras.Regression74839, "regression-issue-74839", tags, time.Unix(0, 0).UTC(), img); err != nil {
+			return nil, err
+		}
+		images = append(images, img)
+	}
+	if tags := conformance.TagsOf(string(list), "busybox"); len(tags) > 0 {
+		img := filepath.Join(run.Dir(), "busybox-image.tar")
+		if err := conformance.BusyBoxImage(conformance.BusyBox, tags, time.Unix(0, 0).UTC(), img); err != nil {
 			return nil, err
 		}
 		images = append(images, img)
