@@ -87,11 +87,6 @@ func ImagesFor(list, version string) (agnhost, pause []string, err error) {
 	return agnhost, pause, nil
 }
 
-// GlibcDNSTags picks from e2e.test's --list-images output the names of
-// glibc-dns-testing, the DNS specs' second querier (upstream: Debian with
-// dnsutils and /coredns); none when the suite has none.
-func GlibcDNSTags(list string) []string { return TagsOf(list, "glibc-dns-testing") }
-
 // DNSTestingTools are what the DNS specs run in glibc-dns-testing: the
 // shell loop of their probes (seq, test, echo, sleep), dig and getent.
 var DNSTestingTools = []string{"sh", "bash", "dig", "getent", "seq", "test", "echo", "sleep", "cat", "ls", "grep", "mkdir", "rm"}
@@ -156,33 +151,10 @@ func AgnhostImage(spec ImageSpec, out string) error {
 		})
 }
 
-// CoreDNSImage builds the cluster DNS image of the test clusters: the
-// static CoreDNS of BuildCoreDNS as /coredns, its entrypoint, as upstream's
-// (distroless) image has it. Written as a `docker save` tarball with tag,
-// for `ctr images import`.
-func CoreDNSImage(coredns, tag string, created time.Time, out string) error {
-	bin, err := os.ReadFile(coredns)
-	if err != nil {
-		return fmt.Errorf("conformance: %w", err)
-	}
-	files := []entry{
-		{Path: "coredns", Mode: 0o755, Data: bin},
-		{Path: "etc/passwd", Mode: 0o644, Data: []byte("root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n")},
-		{Path: "etc/group", Mode: 0o644, Data: []byte("root:x:0:\nnonroot:x:65532:\n")},
-		{Path: "tmp", Mode: os.ModeDir | os.ModeSticky | 0o777},
-	}
-	return writeImage(out, files, []string{tag}, created,
-		"weft e2e/conformance: CoreDNS built from the pinned source (e2e/conformance/dns)",
-		v1.Config{
-			Entrypoint:   []string{"/coredns"},
-			WorkingDir:   "/",
-			ExposedPorts: map[string]struct{}{"53/tcp": {}, "53/udp": {}},
-		})
-}
-
 // ProgramImage builds the image of one static program: /<name> as its
-// entrypoint and nothing else (upstream's test images of Go programs on a
-// distroless base), as a `docker save` tarball with tags.
+// entrypoint and nothing else, as upstream's test images of Go programs and
+// CoreDNS's (distroless) image are; a `docker save` tarball with tags, for
+// `ctr images import`.
 func ProgramImage(bin, name string, tags []string, created time.Time, out string) error {
 	data, err := os.ReadFile(bin)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
 
@@ -69,13 +70,13 @@ func TestImagesFor(t *testing.T) {
 	if _, _, err := ImagesFor(list, "2.70"); err == nil {
 		t.Error("no error for an agnhost version the list lacks")
 	}
-	if g := GlibcDNSTags(list + "registry.k8s.io/e2e-test-images/glibc-dns-testing:2.1.1\n"); !slices.Equal(g, []string{"registry.k8s.io/e2e-test-images/glibc-dns-testing:2.1.1"}) {
+	if g := TagsOf(list+"registry.k8s.io/e2e-test-images/glibc-dns-testing:2.1.1\n", "glibc-dns-testing"); !slices.Equal(g, []string{"registry.k8s.io/e2e-test-images/glibc-dns-testing:2.1.1"}) {
 		t.Errorf("glibc-dns-testing %v", g)
 	}
 	if g := TagsOf(list+"registry.k8s.io/e2e-test-images/regression-issue-74839:1.5\n", "regression-issue-74839"); !slices.Equal(g, []string{"registry.k8s.io/e2e-test-images/regression-issue-74839:1.5"}) {
 		t.Errorf("regression-issue-74839 %v", g)
 	}
-	if g := GlibcDNSTags(list); len(g) != 0 {
+	if g := TagsOf(list, "glibc-dns-testing"); len(g) != 0 {
 		t.Errorf("glibc-dns-testing %v from a list without it", g)
 	}
 }
@@ -162,30 +163,6 @@ func TestAgnhostImageFromThisHost(t *testing.T) {
 	}
 }
 
-// TestProgramImage: a static program's image runs it.
-func TestProgramImage(t *testing.T) {
-	d := t.TempDir()
-	bin := filepath.Join(d, "prog")
-	if err := os.WriteFile(bin, []byte("stand-in"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	out := filepath.Join(d, "img.tar")
-	if err := ProgramImage(bin, "regression-issue-74839", []string{"registry.k8s.io/e2e-test-images/regression-issue-74839:1.5"}, time.Unix(0, 0), out); err != nil {
-		t.Fatal(err)
-	}
-	img, err := tarball.ImageFromPath(out, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Equal(cf.Config.Entrypoint, []string{"/regression-issue-74839"}) {
-		t.Errorf("entrypoint %q", cf.Config.Entrypoint)
-	}
-}
-
 // TestBusyBoxImage: /bin/sh and the other applets link to a busybox in
 // the image.
 func TestBusyBoxImage(t *testing.T) {
@@ -210,34 +187,48 @@ func TestBusyBoxImage(t *testing.T) {
 	}
 }
 
-// TestCoreDNSImage: the image runs /coredns, has it, and carries the tag
-// the manifest names.
-func TestCoreDNSImage(t *testing.T) {
-	d := t.TempDir()
-	bin := filepath.Join(d, "coredns")
-	if err := os.WriteFile(bin, []byte("stand-in"), 0o755); err != nil {
-		t.Fatal(err)
+// TestProgramImage: a static program's image (CoreDNS's, the Conntrack
+// spec's server) runs /<name>, has it executable with the binary's content,
+// and carries the tags the manifest or e2e.test name.
+func TestProgramImage(t *testing.T) {
+	for _, tc := range []struct{ name, tag string }{
+		{"coredns", "weft-e2e/coredns:test"},
+		{"regression-issue-74839", "registry.k8s.io/e2e-test-images/regression-issue-74839:1.5"},
+	} {
+		d := t.TempDir()
+		bin := filepath.Join(d, "prog")
+		if err := os.WriteFile(bin, []byte("stand-in"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		out := filepath.Join(d, "img.tar")
+		if err := ProgramImage(bin, tc.name, []string{tc.tag}, time.Unix(0, 0), out); err != nil {
+			t.Fatal(err)
+		}
+		m, err := tarball.LoadManifest(func() (io.ReadCloser, error) { return os.Open(out) })
+		if err != nil || len(m) != 1 || !slices.Equal(m[0].RepoTags, []string{tc.tag}) {
+			t.Fatalf("manifest %+v, %v: want one image tagged %s", m, err, tc.tag)
+		}
+		img, err := tarball.ImageFromPath(out, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cf, err := img.ConfigFile()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(cf.Config.Entrypoint, []string{"/" + tc.name}) {
+			t.Errorf("entrypoint %q, want /%s", cf.Config.Entrypoint, tc.name)
+		}
+		if !layerHas(t, img, tc.name, "stand-in") {
+			t.Errorf("the layer has no executable /%s with the binary's content", tc.name)
+		}
 	}
-	out := filepath.Join(d, "img.tar")
-	const tag = "weft-e2e/coredns:test"
-	if err := CoreDNSImage(bin, tag, time.Unix(0, 0), out); err != nil {
-		t.Fatal(err)
-	}
-	m, err := tarball.LoadManifest(func() (io.ReadCloser, error) { return os.Open(out) })
-	if err != nil || len(m) != 1 || !slices.Equal(m[0].RepoTags, []string{tag}) {
-		t.Fatalf("manifest %+v, %v: want one image tagged %s", m, err, tag)
-	}
-	img, err := tarball.ImageFromPath(out, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Equal(cf.Config.Entrypoint, []string{"/coredns"}) {
-		t.Errorf("entrypoint %q, want /coredns", cf.Config.Entrypoint)
-	}
+}
+
+// layerHas reports whether img's one layer holds an executable file at
+// path with data.
+func layerHas(t *testing.T, img v1.Image, path, data string) bool {
+	t.Helper()
 	layers, err := img.Layers()
 	if err != nil || len(layers) != 1 {
 		t.Fatalf("layers %d, %v: want 1", len(layers), err)
@@ -248,22 +239,18 @@ func TestCoreDNSImage(t *testing.T) {
 	}
 	defer rc.Close()
 	tr := tar.NewReader(rc)
-	found := false
 	for {
 		h, err := tr.Next()
 		if err == io.EOF {
-			break
+			return false
 		}
 		if err != nil {
 			t.Fatal(err)
 		}
-		if h.Name == "coredns" && h.Mode&0o111 != 0 {
-			data, _ := io.ReadAll(tr)
-			found = string(data) == "stand-in"
+		if h.Name == path && h.Mode&0o111 != 0 {
+			got, err := io.ReadAll(tr)
+			return err == nil && string(got) == data
 		}
-	}
-	if !found {
-		t.Error("the layer has no executable /coredns with the binary's content")
 	}
 }
 

@@ -334,11 +334,11 @@ func conformanceImages(ctx context.Context, run *e2e.Run, tools conformance.Tool
 	}
 	if coredns != "" {
 		img := filepath.Join(run.Dir(), "coredns-image.tar")
-		if err := conformance.CoreDNSImage(coredns, DNSImage, time.Unix(0, 0).UTC(), img); err != nil {
+		if err := conformance.ProgramImage(coredns, "coredns", []string{DNSImage}, time.Unix(0, 0).UTC(), img); err != nil {
 			return nil, err
 		}
 		images = append(images, img)
-		if tags := conformance.GlibcDNSTags(string(list)); len(tags) > 0 {
+		if tags := conformance.TagsOf(string(list), "glibc-dns-testing"); len(tags) > 0 {
 			img := filepath.Join(run.Dir(), "glibc-dns-testing-image.tar")
 			if err := conformance.GlibcDNSImage(coredns, tags, time.Unix(0, 0).UTC(), img); err != nil {
 				return nil, err

@@ -14,7 +14,7 @@ import (
 const DNSServiceIP = "10.96.0.10"
 
 // DNSImage is the name the CoreDNS image is imported under
-// (conformance.CoreDNSImage) and the manifest runs.
+// (conformance.ProgramImage) and the manifest runs.
 const DNSImage = "weft-e2e/coredns:1.15.0"
 
 //go:embed coredns.yaml
