@@ -61,6 +61,7 @@ type Peer struct {
 	ask      *donationAsk
 	tried    map[PeerName]bool // donors that denied or timed out this round
 	askAfter int64             // no new request before this tick
+	trail    donationTrail     // what the requests met since allocations began to wait
 	// holdAskAt: while holding back (rejoin), no request before this tick.
 	holdAskAt  int64
 	holdAskSet bool
@@ -139,6 +140,15 @@ func (p *Peer) reportOnce(text string) {
 type pendingAlloc struct {
 	key      Key
 	deadline int64
+}
+
+// donationTrail is what this peer's requests for space met since an
+// allocation last began to wait with none before it: an allocation that
+// waits too long says it in its error, for the operator (and a failing
+// test) to see why no space came.
+type donationTrail struct {
+	asked, denied, unanswered, donated, noDonor int
+	last                                        string
 }
 
 type donationAsk struct {
@@ -812,7 +822,7 @@ func (p *Peer) Tick() {
 			keep = append(keep, w)
 			continue
 		}
-		err := fmt.Errorf("%w: waited %d ticks for space (%s)", ErrNoSpace, p.cfg.Timing.AllocDeadline, p.Status())
+		err := fmt.Errorf("%w: waited %d ticks for space (%s; %s)", ErrNoSpace, p.cfg.Timing.AllocDeadline, p.Status(), p.trailString())
 		if p.a.ring.Empty() {
 			err = fmt.Errorf("%w: waited %d ticks (%s)", ErrNoRange, p.cfg.Timing.AllocDeadline, p.Status())
 		}
@@ -854,6 +864,9 @@ func (p *Peer) Allocate(k Key) {
 		if w.key == k {
 			return
 		}
+	}
+	if len(p.pending) == 0 {
+		p.trail = donationTrail{}
 	}
 	p.pending = append(p.pending, pendingAlloc{key: k, deadline: p.now + int64(p.cfg.Timing.AllocDeadline)})
 	p.serve()

@@ -40,6 +40,7 @@ func (p *Peer) askDonation() {
 	}
 	donor, ok := p.pickDonor()
 	if !ok {
+		p.trail.noDonor++
 		clear(p.tried)
 		p.askAfter = p.now + int64(p.cfg.Timing.DonationRetry)
 		if len(p.livePeers()) == 0 {
@@ -54,6 +55,8 @@ func (p *Peer) askDonation() {
 		return
 	}
 	p.ask = &donationAsk{id: p.rng.Uint64() | 1, donor: donor, sentAt: p.now}
+	p.trail.asked++
+	p.trail.last = fmt.Sprintf("asked %s", donor)
 	p.send(donor, &DonateRequest{ID: p.ask.id})
 }
 
@@ -77,6 +80,8 @@ func (p *Peer) pickDonor() (PeerName, bool) {
 // tickDonation gives up on an unanswered request and asks again.
 func (p *Peer) tickDonation() {
 	if p.ask != nil && p.now-p.ask.sentAt >= int64(p.cfg.Timing.DonationRetry) {
+		p.trail.unanswered++
+		p.trail.last = fmt.Sprintf("%s did not answer in %d ticks", p.ask.donor, p.cfg.Timing.DonationRetry)
 		p.tried[p.ask.donor] = true
 		p.ask = nil
 	}
@@ -113,6 +118,8 @@ func (p *Peer) stepDonation(from PeerName, m *Donation) error {
 	if p.ask != nil && p.ask.id == m.ID {
 		p.ask = nil
 		clear(p.tried)
+		p.trail.donated++
+		p.trail.last = fmt.Sprintf("%s gave space", from)
 	}
 	if err := p.mergeRing(m.Ring, string(from)); err != nil {
 		return err
@@ -127,5 +134,23 @@ func (p *Peer) stepDenial(from PeerName, m *Denial) {
 	}
 	p.tried[from] = true
 	p.ask = nil
+	p.trail.denied++
+	p.trail.last = fmt.Sprintf("%s had none to give", from)
 	p.askDonation()
+}
+
+// trailString says what this peer's requests for space met, and how much
+// free space its ring shows at live peers.
+func (p *Peer) trailString() string {
+	var free uint64
+	var at int
+	for _, s := range p.a.ring.Shares() {
+		if s.Free > 0 && p.live(s.Peer) {
+			free += s.Free
+			at++
+		}
+	}
+	t := p.trail
+	return fmt.Sprintf("asked for space %d times: %d denied, %d unanswered, %d donations (last: %s); %d times no live peer with free space was left to ask; its ring shows %d free addresses at %d live peers, of %d live peers it knows",
+		t.asked, t.denied, t.unanswered, t.donated, cmp.Or(t.last, "none"), t.noDonor, free, at, len(p.livePeers()))
 }

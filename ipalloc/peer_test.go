@@ -361,12 +361,40 @@ func TestPeerDonationDenied(t *testing.T) {
 			c.run(simTiming.AllocDeadline + 1)
 			if a := c.answer[key(i)]; !ErrIsExhausted(a.Err) {
 				t.Fatalf("allocation in a full cluster: %+v", a)
+			} else if msg := a.Err.Error(); !strings.Contains(msg, "shows 0 free addresses at 0 live peers") || strings.Contains(msg, " 0 times no live peer") {
+				t.Errorf("the error does not say that no peer had space to ask for: %v", a.Err)
 			}
 			break
 		}
 		if i > 300 {
 			t.Fatal("never full")
 		}
+	}
+}
+
+// TestPeerDonationUnansweredSaysSo: a donor that never answers (dead, or
+// its messages lost) is named in the error of the allocation that waited.
+func TestPeerDonationUnansweredSaysSo(t *testing.T) {
+	names := []PeerName{"a", "b"}
+	c := newCluster(t, "10.32.0.0/28", map[PeerName]Init{"a": {Seeds: names}, "b": {Seeds: names}, "c": {Observer: true}})
+	for i := 0; i < 7; i++ {
+		c.alloc("a", key(i)) // a is full
+	}
+	c.run(5)
+	c.peers["b"] = nil // b, with free space, dies unnoticed
+	c.alloc("c", key(100))
+	c.run(simTiming.AllocDeadline + 1)
+	a, ok := c.answer[key(100)]
+	if !ok || !errors.Is(a.Err, ErrNoSpace) {
+		t.Fatalf("c's allocation: %+v, want ErrNoSpace", a)
+	}
+	for _, want := range []string{" 0 donations", "b did not answer", "free addresses at 1 live peers"} {
+		if !strings.Contains(a.Err.Error(), want) {
+			t.Errorf("the error does not say %q: %v", want, a.Err)
+		}
+	}
+	if strings.Contains(a.Err.Error(), " 0 unanswered") {
+		t.Errorf("the error counts no unanswered request: %v", a.Err)
 	}
 }
 
