@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"net/netip"
 	"slices"
@@ -572,23 +573,75 @@ func (s *Service) persistOne(tx *bolt.Tx, rd Ready, withRing bool, now time.Time
 // data plane re-derives its routes from it.
 func (s *Service) RingChanged() <-chan struct{} { return s.ringChanged }
 
-// routineSend delivers queued messages in order, off the service's lock.
+// sendLanes is how many unicasts the service has in flight at once. A
+// unicast is a stream (memberlist's SendReliable): to a peer that is slow
+// or black-holed it takes up to the mesh's TCP timeout, and with one lane
+// every other message (a donation request, the answer to one) waited
+// behind it; the scale test saw single sends of 7 s and donation requests
+// that waited out the allocation deadline (internal/scale). Each peer's
+// messages keep one lane, so they stay in order.
+const sendLanes = 16
+
+// laneQueue is each lane's queue; a full lane drops (gossip and the core's
+// retries recover), as the service's own queue does.
+const laneQueue = 512
+
+// routineSend delivers queued messages off the service's lock: broadcasts
+// at once (the mesh only queues them), unicasts through sendLanes lanes
+// chosen by the destination's name, each in order.
 func (s *Service) routineSend(ctx context.Context, tr Transport) {
+	var wg sync.WaitGroup
+	var lanes [sendLanes]chan outgoing
+	for i := range lanes {
+		lanes[i] = make(chan outgoing, laneQueue)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case o := <-lanes[i]:
+					s.deliver(tr, o)
+				}
+			}
+		}()
+	}
+	defer wg.Wait()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case o := <-s.out:
-			var err error
 			if o.broadcast != nil {
-				err = tr.Broadcast(o.broadcast)
-			} else {
-				err = tr.SendTo(o.to, o.data)
+				s.deliver(tr, o)
+				continue
 			}
-			if err != nil {
-				s.log.Debug("ipalloc: sending failed (retried by the core or healed by gossip)", "to", o.to, "err", err)
+			select {
+			case lanes[laneOf(o.to)] <- o:
+			default:
+				s.log.Warn("ipalloc: send queue to a peer full; dropping a message (gossip and retries recover it)", "to", o.to)
 			}
 		}
+	}
+}
+
+// laneOf is the lane of messages to p.
+func laneOf(p PeerName) int {
+	h := fnv.New32a()
+	h.Write([]byte(p))
+	return int(h.Sum32() % sendLanes)
+}
+
+func (s *Service) deliver(tr Transport, o outgoing) {
+	var err error
+	if o.broadcast != nil {
+		err = tr.Broadcast(o.broadcast)
+	} else {
+		err = tr.SendTo(o.to, o.data)
+	}
+	if err != nil {
+		s.log.Debug("ipalloc: sending failed (retried by the core or healed by gossip)", "to", o.to, "err", err)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"runtime"
 	"slices"
@@ -306,5 +307,89 @@ func TestServiceLoopPersistBeforeSend(t *testing.T) {
 		if failing && (tr.sentTo("other") || len(svc.out) > 0) {
 			t.Fatalf("a donation whose save failed was sent (%v) or queued (%d)", tr.sent, len(svc.out))
 		}
+	}
+}
+
+// blockingTransport holds every unicast to one peer until released, and
+// records the others with their data.
+type blockingTransport struct {
+	slow    PeerName
+	release chan struct{}
+	mu      sync.Mutex
+	sent    map[PeerName][]string
+}
+
+func (b *blockingTransport) Broadcast(data []byte) error { return b.SendTo("", data) }
+
+func (b *blockingTransport) SendTo(p PeerName, data []byte) error {
+	if p == b.slow {
+		<-b.release
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.sent[p] = append(b.sent[p], string(data))
+	return nil
+}
+
+func (b *blockingTransport) got(p PeerName) []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.sent[p])
+}
+
+// TestServiceSendSlowPeerHoldsNoOther: a unicast to a peer that does not
+// take it (a stream to a black-holed node waits out the mesh's TCP
+// timeout) holds neither the broadcasts nor the messages to other peers,
+// and each peer's messages arrive in the order sent.
+func TestServiceSendSlowPeerHoldsNoOther(t *testing.T) {
+	e := newSvcEnv(t, "10.32.0.0/24")
+	svc := e.mustStart()
+	tr := &blockingTransport{slow: "slow", release: make(chan struct{}), sent: map[PeerName][]string{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); svc.Run(ctx, tr) }()
+	defer func() { cancel(); <-done }()
+	defer close(tr.release)
+	waitFor(t, "the loop", svc.running.Load)
+
+	// Peers on another lane than slow's (one on its lane waits, in order).
+	var others []PeerName
+	for i := 0; len(others) < 5; i++ {
+		if i > 1000 {
+			t.Fatalf("every peer name is on slow's lane (%d lanes)", sendLanes)
+		}
+		if p := PeerName(fmt.Sprintf("peer-%d", i)); laneOf(p) != laneOf("slow") {
+			others = append(others, p)
+		}
+	}
+	svc.queue(outgoing{to: "slow", data: []byte("first")})
+	svc.queue(outgoing{to: "slow", data: []byte("second")})
+	for _, p := range others {
+		for i := range 3 {
+			svc.queue(outgoing{to: p, data: []byte(fmt.Sprint(i))})
+		}
+	}
+	svc.queue(outgoing{broadcast: []byte("news")})
+	waitFor(t, "the other peers' messages and the broadcast", func() bool {
+		for _, p := range others {
+			if len(tr.got(p)) < 3 {
+				return false
+			}
+		}
+		return len(tr.got("")) == 1
+	})
+	for _, p := range others {
+		if got := tr.got(p); !slices.Equal(got, []string{"0", "1", "2"}) {
+			t.Errorf("%s got %q, want them in order", p, got)
+		}
+	}
+	if got := tr.got("slow"); len(got) != 0 {
+		t.Fatalf("the slow peer took %q while held", got)
+	}
+	tr.release <- struct{}{}
+	tr.release <- struct{}{}
+	waitFor(t, "the slow peer's messages", func() bool { return len(tr.got("slow")) == 2 })
+	if got := tr.got("slow"); !slices.Equal(got, []string{"first", "second"}) {
+		t.Errorf("the slow peer got %q, want them in order", got)
 	}
 }

@@ -125,6 +125,7 @@ type Node struct {
 	// refused (too large for a broadcast, no such peer).
 	byKind                      [32]atomic.Uint64 // ipam messages received, by their kind byte
 	maxSent, sendErrs, tooLarge atomic.Uint64
+	maxSendTime                 atomic.Uint64 // nanoseconds
 	ringUnicasts                atomic.Uint64 // ring messages unicast (SendTo did not fail)
 	lastErr                     atomic.Value  // string
 
@@ -168,6 +169,10 @@ func (n *Node) MaxSent() uint64 { return n.maxSent.Load() }
 
 // SendErrors counts the ipam sends the mesh refused, but for TooLarge.
 func (n *Node) SendErrors() uint64 { return n.sendErrs.Load() }
+
+// MaxSendTime is the longest one unicast of its allocator took (a stream:
+// dial, the receiver's pre-auth, the write).
+func (n *Node) MaxSendTime() time.Duration { return time.Duration(n.maxSendTime.Load()) }
 
 // MaxMessage is the largest ipam message this node received, in bytes.
 func (n *Node) MaxMessage() uint64 { return n.maxMsg.Load() }
@@ -436,7 +441,10 @@ func (t transport) Broadcast(data []byte) error {
 }
 
 func (t transport) SendTo(p ipalloc.PeerName, data []byte) error {
-	err := t.n.sent(len(data), t.inner.SendTo(p, data))
+	start := time.Now()
+	err := t.inner.SendTo(p, data)
+	storeMax(&t.n.maxSendTime, uint64(time.Since(start)))
+	err = t.n.sent(len(data), err)
 	if err == nil && len(data) >= 2 && data[1] == 1 {
 		t.n.ringUnicasts.Add(1)
 	}

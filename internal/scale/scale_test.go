@@ -101,6 +101,13 @@ func TestClusterConverges(t *testing.T) {
 		seen[addrs[i]] = i
 	}
 	if t.Failed() {
+		// What each node received of the donation exchange, and its
+		// sends the mesh refused: which side of the exchange was lost.
+		for _, nd := range nodes {
+			r := nd.Received()
+			t.Logf("%s: %s; received donate-requests %d, donations %d, denials %d, rings %d; sends refused %d (last: %s), the longest took %v",
+				nd.Name, nd.Svc.Status(), r[7], r[8], r[9], r[1], nd.SendErrors(), nd.LastSendError(), nd.MaxSendTime())
+		}
 		return
 	}
 	if err := WaitFor(ctx, 50*time.Millisecond, func() bool {
