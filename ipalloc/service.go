@@ -595,17 +595,7 @@ func (s *Service) routineSend(ctx context.Context, tr Transport) {
 	for i := range lanes {
 		lanes[i] = make(chan outgoing, laneQueue)
 		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case o := <-lanes[i]:
-					s.deliver(tr, o)
-				}
-			}
-		}()
+		go func() { defer wg.Done(); s.routineLane(ctx, tr, lanes[i]) }()
 	}
 	defer wg.Wait()
 	for {
@@ -622,6 +612,18 @@ func (s *Service) routineSend(ctx context.Context, tr Transport) {
 			default:
 				s.log.Warn("ipalloc: send queue to a peer full; dropping a message (gossip and retries recover it)", "to", o.to)
 			}
+		}
+	}
+}
+
+// routineLane delivers one lane's messages in order until ctx ends.
+func (s *Service) routineLane(ctx context.Context, tr Transport, lane <-chan outgoing) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case o := <-lane:
+			s.deliver(tr, o)
 		}
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -105,8 +107,12 @@ func TestClusterConverges(t *testing.T) {
 		// sends the mesh refused: which side of the exchange was lost.
 		for _, nd := range nodes {
 			r := nd.Received()
-			t.Logf("%s: %s; received donate-requests %d, donations %d, denials %d, rings %d; sends refused %d (last: %s), the longest took %v",
-				nd.Name, nd.Svc.Status(), r[7], r[8], r[9], r[1], nd.SendErrors(), nd.LastSendError(), nd.MaxSendTime())
+			var got []string
+			for _, kind := range []string{"donate-request", "donation", "denial", "ring"} {
+				got = append(got, fmt.Sprintf("%s %d", kind, r[slices.Index(KindNames, kind)]))
+			}
+			t.Logf("%s: %s; received %s; sends refused %d (last: %s), the longest took %v",
+				nd.Name, nd.Svc.Status(), strings.Join(got, ", "), nd.SendErrors(), nd.LastSendError(), nd.MaxSendTime())
 		}
 		return
 	}
