@@ -591,6 +591,42 @@ func SeeAll(nodes []*Node, want int) bool {
 	return true
 }
 
+// AliveSeen accumulates which node's mesh has seen which peer alive, over
+// calls to Update. Unlike SeeAll it does not ask for every pair at one
+// instant: on a starved machine memberlist's failure detector keeps
+// suspecting some peer somewhere, which says nothing of who knows whom.
+type AliveSeen map[[2]mesh.PeerName]bool
+
+// Update notes what every node's mesh sees alive now, and reports whether
+// every node has seen every node of nodes alive (itself included).
+func (a AliveSeen) Update(nodes []*Node) bool {
+	for _, n := range nodes {
+		for _, p := range n.Mesh.Peers() {
+			if p.State == mesh.StateAlive {
+				a[[2]mesh.PeerName{n.Name, p.Name}] = true
+			}
+		}
+	}
+	return len(a.Missing(nodes)) == 0
+}
+
+// Missing lists, by node, the nodes it has never seen alive.
+func (a AliveSeen) Missing(nodes []*Node) []string {
+	var out []string
+	for _, n := range nodes {
+		var never []string
+		for _, q := range nodes {
+			if !a[[2]mesh.PeerName{n.Name, q.Name}] {
+				never = append(never, string(q.Name))
+			}
+		}
+		if len(never) > 0 {
+			out = append(out, fmt.Sprintf("%s never saw %s", n.Name, strings.Join(never, ", ")))
+		}
+	}
+	return out
+}
+
 // Refused sums what the nodes refused or dropped: gossip frames of an
 // unknown version, messages the allocators' inboxes dropped.
 func Refused(nodes []*Node) (refused, dropped uint64) {
