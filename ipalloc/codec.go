@@ -20,7 +20,9 @@ import (
 //	paxos    = ballot accepted-ballot(round 0 and no name: none) nvalue(uvarint) name* [ext]
 //	ext      = ext-version(1 byte, 1) size(uvarint, 1..10000)
 //	remove   = name [by-version(1 byte, 1) name]
-//	rmack    = name ring [members-version(1 byte, 1) nmembers(uvarint) name*]
+//	rmack    = name ring [members-version(1 byte, 1 or 2) nmembers(uvarint) name* [addrs]]
+//	want     = addrs
+//	addrs    = naddrs(uvarint) addr-delta(uvarint)*   (version 2 of rmack only)
 //
 // A Paxos message without ext comes from a peer that predates it (its
 // consensus size is not known, and not checked); an ext-version above 1
@@ -41,7 +43,13 @@ const removeExtVersion = 1
 // removeAckExtVersion is the version of the fields that follow a
 // RemoveAck's ring (its members). A RemoveAck without them comes from a
 // peer that predates them: the reclaimer learns no members from it.
+// Version 2 adds the addresses in use on the acknowledger's node (InUse);
+// it is sent only when there are any, so that a peer of an older weft
+// refuses only those acknowledgements (with an error that says to upgrade).
 const removeAckExtVersion = 1
+
+// removeAckInUseVersion is the RemoveAck field version with InUse.
+const removeAckInUseVersion = 2
 
 // msgKind is the second byte of every message.
 type msgKind byte
@@ -63,12 +71,13 @@ const (
 	kindWithdraw
 	kindWithdrawAck
 	kindAskRemoved
+	kindWant
 	kindEnd // one past the last
 )
 
 // Msg is a message between the IPAM cores of two peers: one of *RingMsg,
 // *PaxosMsg, *DonateRequest, *Donation, *Denial, *Remove, *RemoveAck,
-// *Handover, *HandoverAck, *Withdraw, *WithdrawAck, *AskRemoved.
+// *Handover, *HandoverAck, *Withdraw, *WithdrawAck, *AskRemoved, *Want.
 type Msg interface {
 	kind() msgKind
 }
@@ -109,10 +118,17 @@ type Remove struct {
 // members of its barrier (the peers it knows share the ring, not removed):
 // the reclaimer waits for those too (peer_removal.go), since one of them
 // may hold a change of Peer's that neither of them has seen.
+//
+// InUse lists addresses in use on the acknowledger's node that its state
+// does not hold (pods found on its bridge after its state was lost) and
+// its ring gives to other peers: at the takeover, the reclaimer hands
+// those that are Peer's to the acknowledger instead of taking them
+// (peer_found.go).
 type RemoveAck struct {
 	Peer    PeerName
 	Ring    *Ring
 	Members []PeerName
+	InUse   []Address // sorted, unique
 }
 
 // Handover gives a peer every range of a peer that leaves the cluster
@@ -148,7 +164,16 @@ type WithdrawAck struct{ Peer PeerName }
 // for the others.
 type AskRemoved struct{ Peers []PeerName }
 
+// Want asks the owner of Addrs for them: they are in use on the sender's
+// node, which lost its state (pods found on its bridge), and the sender's
+// ring gives them to the addressee. The owner gives those it does not hold
+// and answers with its ring (peer_found.go).
+type Want struct {
+	Addrs []Address // sorted, unique
+}
+
 func (*AskRemoved) kind() msgKind  { return kindAskRemoved }
+func (*Want) kind() msgKind        { return kindWant }
 func (*Withdraw) kind() msgKind    { return kindWithdraw }
 func (*WithdrawAck) kind() msgKind { return kindWithdrawAck }
 
@@ -165,6 +190,7 @@ func (*HandoverAck) kind() msgKind   { return kindHandoverAck }
 const (
 	maxWireEntries = 1 << 20 // ring entries (a /8 split into 16-address pieces)
 	maxWireValue   = 10000   // peers in a Paxos value (--ipalloc-init consensus=N allows up to 10000)
+	maxWireAddrs   = 4096    // addresses in a Want or a RemoveAck's InUse (pods on one node)
 )
 
 // ErrBadMessage is wrapped by every decoding error.
@@ -211,13 +237,22 @@ func EncodeMsg(m Msg) []byte {
 	case *RemoveAck:
 		b = appendName(b, m.Peer)
 		b = appendRing(b, m.Ring)
-		if len(m.Members) > 0 {
-			b = append(b, removeAckExtVersion)
+		if len(m.Members) > 0 || len(m.InUse) > 0 {
+			v := byte(removeAckExtVersion)
+			if len(m.InUse) > 0 {
+				v = removeAckInUseVersion
+			}
+			b = append(b, v)
 			b = binary.AppendUvarint(b, uint64(len(m.Members)))
 			for _, q := range m.Members {
 				b = appendName(b, q)
 			}
+			if len(m.InUse) > 0 {
+				b = appendAddrs(b, m.InUse)
+			}
 		}
+	case *Want:
+		b = appendAddrs(b, m.Addrs)
 	case *Handover:
 		b = binary.AppendUvarint(b, m.ID)
 		b = appendRing(b, m.Ring)
@@ -301,16 +336,24 @@ func DecodeMsg(data []byte) (Msg, error) {
 		am.Ring = d.ring()
 		if d.err == nil && len(d.b) > 0 {
 			switch v := d.fixed(1)[0]; v {
-			case removeAckExtVersion:
+			case removeAckExtVersion, removeAckInUseVersion:
 				n := d.count(maxWireEntries, 2)
 				for i := 0; i < n && d.err == nil; i++ {
 					am.Members = append(am.Members, d.name())
 				}
+				if v == removeAckInUseVersion {
+					am.InUse = d.addrs()
+					if d.err == nil && len(am.InUse) == 0 {
+						d.fail("remove ack: fields of version %d without addresses", v)
+					}
+				}
 			default:
-				d.fail("remove ack: fields of version %d, this peer reads %d (are all peers running the same weft version?)", v, removeAckExtVersion)
+				d.fail("remove ack: fields of version %d, this peer reads up to %d (are all peers running the same weft version?)", v, removeAckInUseVersion)
 			}
 		}
 		m = am
+	case kindWant:
+		m = &Want{Addrs: d.addrs()}
 	case kindHandover:
 		hm := &Handover{ID: d.uvarint()}
 		hm.Ring = d.ring()
@@ -360,6 +403,18 @@ func DecodeRing(data []byte) (*Ring, error) {
 func appendName(b []byte, n PeerName) []byte {
 	b = binary.AppendUvarint(b, uint64(len(n)))
 	return append(b, n...)
+}
+
+// appendAddrs appends sorted, unique addresses as deltas (the first
+// from 0).
+func appendAddrs(b []byte, as []Address) []byte {
+	b = binary.AppendUvarint(b, uint64(len(as)))
+	prev := uint64(0)
+	for _, a := range as {
+		b = binary.AppendUvarint(b, uint64(a)-prev)
+		prev = uint64(a)
+	}
+	return b
 }
 
 func appendBallot(b []byte, bl Ballot) []byte {
@@ -465,6 +520,34 @@ func (d *decoder) name() PeerName {
 		return ""
 	}
 	return p
+}
+
+// addrs reads what appendAddrs wrote: at most maxWireAddrs addresses,
+// strictly increasing.
+func (d *decoder) addrs() []Address {
+	n := d.count(maxWireAddrs, 1)
+	var out []Address
+	a := uint64(0)
+	for i := 0; i < n && d.err == nil; i++ {
+		delta := d.uvarint()
+		if d.err != nil {
+			break
+		}
+		if i > 0 && delta == 0 {
+			d.fail("addresses not sorted and unique")
+			break
+		}
+		a += delta
+		if a > 0xffffffff {
+			d.fail("address %d does not fit 32 bits", a)
+			break
+		}
+		out = append(out, Address(a))
+	}
+	if d.err != nil {
+		return nil
+	}
+	return out
 }
 
 func (d *decoder) ballot() Ballot {

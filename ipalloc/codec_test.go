@@ -42,6 +42,10 @@ func testMsgs(t testing.TB) []Msg {
 		&HandoverAck{ID: 9},
 		&HandoverAck{ID: 9, Heir: "node-b"},
 		&AskRemoved{Peers: []PeerName{"node-c", "node-d"}},
+		&RemoveAck{Peer: "node-c", Ring: r, Members: []PeerName{"node-b"}, InUse: []Address{r.Entries[2].Token, r.Entries[2].Token + 3}},
+		&RemoveAck{Peer: "node-c", Ring: r, InUse: []Address{0, 0xffffffff}},
+		&Want{Addrs: []Address{r.Entries[0].Token + 1}},
+		&Want{Addrs: []Address{r.Entries[0].Token + 1, r.Entries[0].Token + 2, r.Entries[2].Token + 9}},
 	}
 }
 
@@ -88,7 +92,12 @@ func TestCodecRefuses(t *testing.T) {
 		{"paxos unsorted value", EncodeMsg(&PaxosMsg{Type: Accept, Ballot: Ballot{1, "a"}, Value: []PeerName{"b", "a"}}), "not sorted"},
 		{"remove of a newer weft", append(EncodeMsg(&Remove{Peer: "c"}), 2, 1, 'a'), "fields of version 2"},
 		{"remove by a bad name", EncodeMsg(&Remove{Peer: "c", By: "a b"}), "printable ASCII"},
-		{"remove ack members of a newer weft", append(EncodeMsg(&RemoveAck{Peer: "c", Ring: testRing(t)}), 2, 0), "fields of version 2"},
+		{"remove ack members of a newer weft", append(EncodeMsg(&RemoveAck{Peer: "c", Ring: testRing(t)}), 3, 0), "fields of version 3"},
+		{"remove ack in use without addresses", append(EncodeMsg(&RemoveAck{Peer: "c", Ring: testRing(t)}), removeAckInUseVersion, 0, 0), "without addresses"},
+		{"remove ack in use unsorted", append(EncodeMsg(&RemoveAck{Peer: "c", Ring: testRing(t)}), removeAckInUseVersion, 0, 2, 5, 0), "not sorted"},
+		{"want unsorted", []byte{wireFormat, byte(kindWant), 3, 1, 1, 0}, "not sorted and unique"},
+		{"want past 32 bits", []byte{wireFormat, byte(kindWant), 2, 0xff, 0xff, 0xff, 0xff, 0x0f, 1}, "does not fit 32 bits"},
+		{"want huge count", []byte{wireFormat, byte(kindWant), 0xff, 0xff, 0x03}, "more than the message can hold"},
 		{"remove ack bad member", EncodeMsg(&RemoveAck{Peer: "c", Ring: testRing(t), Members: []PeerName{"a b"}}), "printable ASCII"},
 		{"remove ack huge member count", append(EncodeMsg(&RemoveAck{Peer: "c", Ring: testRing(t)}), removeAckExtVersion, 0xff, 0x7f), "more than the message can hold"},
 		{"overlong number", []byte{wireFormat, byte(kindDenial), 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}, "overlong"},

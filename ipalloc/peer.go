@@ -104,6 +104,12 @@ type Peer struct {
 	// found stale, not pods the node showed.
 	foundSaved map[Key]bool
 	fromState  bool // started with a ring on disk
+	// want: found addresses asked for from their owners (peer_found.go).
+	want wantState
+	// ackInUse: for each peer this one removes, the addresses that each
+	// acknowledger reported in use on its node (RemoveAck.InUse), handed
+	// to it at the takeover (peer_found.go).
+	ackInUse map[PeerName]map[PeerName][]Address
 }
 
 // reportAgainAfter is how long (in ticks: 10 minutes with DefaultTiming's
@@ -735,6 +741,8 @@ func (p *Peer) Step(from PeerName, m Msg) error {
 		p.stepWithdrawAck(from, m)
 	case *AskRemoved:
 		p.stepAskRemoved(from, m)
+	case *Want:
+		p.stepWant(from, m)
 	default:
 		return fmt.Errorf("%w: unexpected %T", ErrBadMessage, m)
 	}
@@ -837,6 +845,7 @@ func (p *Peer) Tick() {
 		}
 		p.tickWithdraws()
 		p.askRemoved()
+		p.askFound()
 	}
 	if p.freeGossip && p.now%int64(p.cfg.Timing.GossipEvery) == 0 {
 		p.broadcast = true

@@ -372,8 +372,18 @@ func (p *Peer) holdFound() {
 						"if that pod still runs, a pod there may get the same address", addr, k, owner)
 					continue
 				}
-				p.event(true, "ipalloc: %s is in use on this node (found on the bridge) but the ring gives it to %q: not taken; "+
-					"a pod there may get the same address", addr, owner)
+				if by, removed := p.removed[owner]; removed {
+					if by == p.cfg.Self {
+						p.event(false, "ipalloc: %s is in use on this node (found on the bridge), and the ring gives it to %s, which this peer removes: "+
+							"held once it takes %s's ranges over", addr, owner, owner)
+						continue
+					}
+					p.event(false, "ipalloc: %s is in use on this node (found on the bridge), and the ring gives it to %s, which %s removes: "+
+						"this peer's acknowledgement of the removal says so, and the takeover hands it here", addr, owner, by)
+					continue
+				}
+				p.event(false, "ipalloc: %s is in use on this node (found on the bridge), and the ring gives it to %s: asking %s for it "+
+					"(what gave it here was lost with this peer's state)", addr, owner, owner)
 			}
 			continue
 		}
@@ -393,4 +403,5 @@ func (p *Peer) holdFound() {
 		p.noteSince(k)
 		p.event(false, "ipalloc: re-claimed %s, in use on this node but unknown to its state: held as %s until released", addr, k)
 	}
+	p.askFound()
 }

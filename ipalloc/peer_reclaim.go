@@ -143,7 +143,9 @@ func (p *Peer) stepRemove(from PeerName, m *Remove) {
 		// Remove instead of an acknowledgement, and gives way.
 		p.send(from, &Remove{Peer: x})
 	} else {
-		p.send(from, &RemoveAck{Peer: x, Ring: p.shownRing(), Members: p.barrier(x)})
+		// With the addresses in use on this node that it does not own:
+		// some may be x's, which the reclaimer hands here (peer_found.go).
+		p.send(from, &RemoveAck{Peer: x, Ring: p.shownRing(), Members: p.barrier(x), InUse: p.unownedFound()})
 	}
 	// x no longer counts as live: a reclaim that waited for it may go on.
 	p.completeReclaims()
@@ -168,6 +170,15 @@ func (p *Peer) stepRemoveAck(from PeerName, m *RemoveAck) error {
 		return err // not counted: this peer does not have what from knows
 	}
 	acked[from] = true
+	if len(m.InUse) > 0 {
+		if p.ackInUse == nil {
+			p.ackInUse = map[PeerName]map[PeerName][]Address{}
+		}
+		if p.ackInUse[m.Peer] == nil {
+			p.ackInUse[m.Peer] = map[PeerName][]Address{}
+		}
+		p.ackInUse[m.Peer][from] = m.InUse
+	}
 	// The barrier grows by the members from knows and this peer did not:
 	// one of them may hold a change of m.Peer's that neither has seen (a
 	// peer that joined under a new name knows only the peers it reached).
@@ -201,7 +212,7 @@ func (p *Peer) completeReclaims() {
 		xs = append(xs, x)
 	}
 	slices.Sort(xs)
-	took := false
+	tookAny := false
 	for _, x := range xs {
 		if p.removed[x] != p.cfg.Self {
 			delete(p.acks, x)
@@ -210,10 +221,14 @@ func (p *Peer) completeReclaims() {
 		if len(p.waitingFor(x)) > 0 {
 			continue
 		}
+		took := p.a.ring.Owned(x)
 		n, err := p.a.Reclaim(x)
 		if err != nil {
 			p.event(true, "ipalloc: rmpeer of %s: %v", x, err)
 			continue
+		}
+		if n > 0 {
+			p.handFound(x, took)
 		}
 		if !p.reported[x] {
 			p.send(x, &Remove{Peer: x}) // once more, in case it is alive
@@ -232,11 +247,11 @@ func (p *Peer) completeReclaims() {
 		}
 		p.reported[x] = true
 		if n > 0 {
-			took = true
+			tookAny = true
 			p.ringChanged(true)
 		}
 	}
-	if took {
+	if tookAny {
 		p.holdFound()
 		p.serve()
 	}

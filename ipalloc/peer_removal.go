@@ -290,6 +290,7 @@ func (p *Peer) Withdraw(x PeerName) error {
 	}
 	delete(p.removed, x)
 	delete(p.acks, x)
+	delete(p.ackInUse, x)
 	p.removedDirty = true
 	p.withdrawing[x] = map[PeerName]bool{}
 	p.event(false, "ipalloc: rmpeer of %s withdrawn before anything was taken over: telling the other peers to listen to it again", x)

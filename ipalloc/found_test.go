@@ -1,0 +1,122 @@
+package ipalloc
+
+import (
+	"slices"
+	"strings"
+	"testing"
+)
+
+// allocateAll has n allocate until it fails, from key first on, and
+// returns the addresses it got.
+func (c *cluster) allocateAll(n PeerName, first int) []Address {
+	c.t.Helper()
+	var got []Address
+	for i := first; i < first+1000; i++ {
+		c.alloc(n, key(i))
+		c.run(1)
+		a, ok := c.answer[key(i)]
+		if !ok || a.Err != nil {
+			return got
+		}
+		got = append(got, a.Address)
+	}
+	c.t.Fatalf("%s never ran out of space", n)
+	return nil
+}
+
+// TestFoundAskedFromOwner (make test-long's wipe seed 1191): a pod on a's
+// node uses an address in b's range (a donation from b that every disk
+// that knew of it lost). a, back without state, must ask b for it, and b
+// must give it and never hand it out; an address that b holds already
+// stays b's, and b says that two pods have it.
+func TestFoundAskedFromOwner(t *testing.T) {
+	c := newCluster(t, "10.32.0.0/26", seeded("a", "b"))
+	c.run(5)
+	bRanges := c.peers["b"].Owned()
+	if len(bRanges) == 0 {
+		t.Fatal("b owns nothing")
+	}
+	c.alloc("b", key(1))
+	c.run(1)
+	held := c.answer[key(1)].Address // b's pod
+	lost := bRanges[0].Start + 7     // a's pod, in b's range
+	if held == lost || !bRanges[0].Contains(held) {
+		t.Fatalf("setup: b got %s", held)
+	}
+
+	a := c.wipe("a", []PeerName{"b"})
+	a.HoldFound(map[Key]Address{key(100): lost, key(101): held})
+	c.ready("a")
+	c.pushPull("a", "b")
+	c.run(3 * simTiming.RemoveRetry)
+
+	if got, ok := a.Lookup(key(100)); !ok || got != lost {
+		t.Fatalf("a does not hold %s for its pod (got %s, %v); events: %v", lost, got, ok, c.events)
+	}
+	if o, _ := c.peers["b"].Ring().Owner(lost); o != "a" {
+		t.Errorf("b's ring gives %s to %s, not a", lost, o)
+	}
+	if !c.hasEvent("asking b for it") || !c.hasEvent("whose node uses them") {
+		t.Errorf("neither side said what it did: %v", c.events)
+	}
+	if _, ok := a.Lookup(key(101)); ok {
+		t.Errorf("a holds %s, which b holds for its own pod", held)
+	}
+	if !c.hasEvent("two pods have one address") {
+		t.Errorf("b did not report the address both nodes use: %v", c.events)
+	}
+	if slices.Contains(c.allocateAll("b", 200), lost) {
+		t.Fatalf("b handed out %s, which a's pod uses", lost)
+	}
+}
+
+// TestFoundHandedOnAtTakeover (make test-long's wipe seed 1151): a pod on
+// b's node uses an address in x's range (x gave it to b, and both lost
+// what knew of it); x is dead and a removes it. b's acknowledgement says
+// that its node uses the address, and a's takeover hands it to b instead
+// of taking it.
+func TestFoundHandedOnAtTakeover(t *testing.T) {
+	c := newCluster(t, "10.32.0.0/26", seeded("a", "b", "x"))
+	c.run(5)
+	xRanges := c.peers["x"].Owned()
+	if len(xRanges) == 0 {
+		t.Fatal("x owns nothing")
+	}
+	lost := xRanges[0].Start + 3
+	c.peers["x"] = nil // x dies
+
+	b := c.wipe("b", []PeerName{"a"})
+	b.HoldFound(map[Key]Address{key(100): lost})
+	c.ready("b")
+	c.pushPull("a", "b")
+	c.run(3 * simTiming.RemoveRetry)
+	if _, ok := b.Lookup(key(100)); ok {
+		t.Fatal("b holds the address before x's ranges are taken over: the test tests nothing")
+	}
+	if b.Status().Rejoin == "" {
+		t.Fatal("b does not wait for x: the test tests nothing")
+	}
+
+	if err := c.peers["a"].PeerGone("x"); err != nil {
+		t.Fatal(err)
+	}
+	c.ready("a")
+	c.run(3 * simTiming.RemoveRetry)
+	if !c.hasEvent("rmpeer of x") || !c.hasEvent("which reports them in use on its node") {
+		t.Fatalf("a did not take x over and hand the address on: %v", c.events)
+	}
+	if got, ok := b.Lookup(key(100)); !ok || got != lost {
+		t.Fatalf("b does not hold %s for its pod (got %s, %v); events: %v", lost, got, ok, c.events)
+	}
+	if o, _ := c.peers["a"].Ring().Owner(lost); o != "b" {
+		t.Errorf("a's ring gives %s to %s, not b", lost, o)
+	}
+	if slices.Contains(c.allocateAll("a", 200), lost) {
+		t.Fatalf("a handed out %s, which b's pod uses", lost)
+	}
+	for _, e := range c.events {
+		if strings.Contains(e, "a pod there may get the same address") {
+			t.Errorf("warned: %s", e)
+		}
+	}
+}

@@ -1,0 +1,182 @@
+package ipalloc
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+)
+
+// Pods found on the node at addresses that the ring gives to another peer.
+//
+// A peer that lost its state finds its node's pods on the bridge
+// (HoldFound) and holds each address again once its ring gives it the
+// range. The ring gives one to another peer when what gave it to this
+// peer was lost with every disk that knew: a donation whose donor and
+// recipient both lost their state (make test-long's wipe seeds 1151 and
+// 1191), so that the ring the survivors rebuilt gives the range to its
+// old owner, which would hand the address out again. Two ways bring such
+// an address back:
+//
+//   - Want: this peer asks the owner for it (at once, and again every
+//     Timing.RemoveRetry ticks while it waits). The owner gives each run
+//     of the addresses it does not hold (GiveAway, as a donation) and
+//     answers with its ring. One that the owner holds is a duplicate
+//     already, made before anyone could know: the owner warns, naming both.
+//   - An owner being removed (weft rmpeer, its Node deleted) answers
+//     nothing: this peer lists the addresses in its RemoveAck (InUse), and
+//     the reclaimer, at the takeover, hands those of the removed peer to
+//     this peer instead of taking them.
+//
+// What neither closes: an owner that handed the address out before this
+// peer came back (nobody alive knew of it then). The owner's warning and
+// this peer's say so.
+
+// wantState is what a peer asked other peers for (Want).
+type wantState struct {
+	at map[PeerName]int64 // owner -> tick of the last Want sent to it
+}
+
+// unownedFound lists the found addresses that this peer does not own
+// (sorted, unique, at most maxWireAddrs): what its RemoveAck reports.
+func (p *Peer) unownedFound() []Address {
+	var out []Address
+	for _, a := range p.found {
+		if !p.a.space.Owns(a) {
+			out = append(out, a)
+		}
+	}
+	slices.Sort(out)
+	out = slices.Compact(out)
+	if len(out) > maxWireAddrs {
+		out = out[:maxWireAddrs]
+	}
+	return out
+}
+
+// askFound sends a Want to each live owner of found addresses this peer
+// does not own, at most once every Timing.RemoveRetry ticks per owner.
+func (p *Peer) askFound() {
+	if len(p.found) == 0 || p.a.ring.Empty() || p.leave != nil || p.rejoin || p.startHold || p.removedErr() != nil {
+		return
+	}
+	byOwner := map[PeerName][]Address{}
+	for _, a := range p.unownedFound() {
+		if owner, ok := p.a.ring.Owner(a); ok && p.live(owner) {
+			byOwner[owner] = append(byOwner[owner], a)
+		}
+	}
+	if p.want.at == nil {
+		p.want.at = map[PeerName]int64{}
+	}
+	for _, owner := range slices.Sorted(maps.Keys(byOwner)) {
+		if at, ok := p.want.at[owner]; ok && p.now-at < int64(p.cfg.Timing.RemoveRetry) {
+			continue
+		}
+		p.want.at[owner] = p.now
+		p.send(owner, &Want{Addrs: byOwner[owner]})
+	}
+}
+
+// stepWant gives from the addresses it asks for that this peer owns and
+// does not hold, and answers with this peer's ring.
+func (p *Peer) stepWant(from PeerName, m *Want) {
+	if p.a.ring.Empty() || p.rejoin || p.startHold {
+		return // its view of its ranges may be stale; from asks again
+	}
+	var give []Address
+	for _, a := range m.Addrs {
+		if !p.a.space.Owns(a) {
+			continue // not this peer's (any more): the ring it answers says whose
+		}
+		if k, ok := p.a.Holder(a); ok {
+			p.reportOnce(fmt.Sprintf("ipalloc: %s asks for %s, which is in use on its node (found on its bridge after its state was lost), "+
+				"but this peer holds it for %s: two pods have one address; delete one of them so that it gets an address of its own", from, a, k))
+			continue
+		}
+		give = append(give, a)
+	}
+	if p.giveFound(from, give, "whose node uses them (found on its bridge after its state was lost)") {
+		p.ringChanged(true)
+	}
+	p.send(from, &RingMsg{Ring: p.a.Ring()})
+}
+
+// giveFound gives each run of addrs (sorted, unique, owned by this peer
+// and held by none) to q, and reports whether it gave any.
+func (p *Peer) giveFound(q PeerName, addrs []Address, why string) bool {
+	gave := false
+	for _, rg := range addressRuns(addrs) {
+		if err := p.a.GiveAway(q, rg); err != nil {
+			p.event(true, "ipalloc: cannot give %s to %s: %v", rg, q, err)
+			continue
+		}
+		gave = true
+		p.event(false, "ipalloc: gave %s (%d addresses) to %s, %s", rangesText([]Range{rg}), rg.Size(), q, why)
+	}
+	return gave
+}
+
+// addressRuns turns sorted, unique addresses into the ranges they make.
+func addressRuns(addrs []Address) []Range {
+	var out []Range
+	for _, a := range addrs {
+		if n := len(out); n > 0 && out[n-1].End == a {
+			out[n-1].End++
+			continue
+		}
+		out = append(out, Range{a, a + 1})
+	}
+	return out
+}
+
+// handFound runs at the takeover of x's ranges (took, as they were x's):
+// the addresses in them that acknowledgers of the removal reported in use
+// on their nodes go to them, not to this peer. An address that this peer
+// holds, or that its own node uses too, or that two acknowledgers report,
+// is a duplicate already: it stays with the first and is reported.
+func (p *Peer) handFound(x PeerName, took []Range) bool {
+	byAcker := p.ackInUse[x]
+	delete(p.ackInUse, x)
+	if len(byAcker) == 0 {
+		return false
+	}
+	inTook := func(a Address) bool {
+		return slices.ContainsFunc(took, func(rg Range) bool { return rg.Contains(a) })
+	}
+	here := map[Address]Key{}
+	for k, a := range p.found {
+		here[a] = k
+	}
+	given := map[Address]PeerName{}
+	gave := false
+	for _, q := range slices.Sorted(maps.Keys(byAcker)) {
+		if !p.live(q) {
+			continue
+		}
+		var give []Address
+		for _, a := range byAcker[q] {
+			if !inTook(a) || !p.a.space.Owns(a) {
+				continue
+			}
+			holder, held := p.a.Holder(a)
+			if !held {
+				holder, held = here[a]
+			}
+			switch other, dup := given[a]; {
+			case held:
+				p.event(true, "ipalloc: %s reports %s in use on its node, and this peer holds it for %s: two pods have one address; "+
+					"delete one of them so that it gets an address of its own", q, a, holder)
+			case dup:
+				p.event(true, "ipalloc: %s and %s both report %s in use on their nodes: two pods have one address; it stays with %s; "+
+					"delete one of them so that it gets an address of its own", other, q, a, other)
+			default:
+				given[a] = q
+				give = append(give, a)
+			}
+		}
+		if p.giveFound(q, give, fmt.Sprintf("which reports them in use on its node (%s's ranges, taken over)", x)) {
+			gave = true
+		}
+	}
+	return gave
+}
