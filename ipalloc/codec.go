@@ -22,6 +22,7 @@ import (
 //	remove   = name [by-version(1 byte, 1) name]
 //	rmack    = name ring [members-version(1 byte, 1 or 2) nmembers(uvarint) name* [addrs]]
 //	want     = addrs
+//	members  = ask(1 byte, 0 or 1) nmembers(uvarint) name*
 //	addrs    = naddrs(uvarint) addr-delta(uvarint)*   (version 2 of rmack only)
 //
 // A Paxos message without ext comes from a peer that predates it (its
@@ -72,12 +73,14 @@ const (
 	kindWithdrawAck
 	kindAskRemoved
 	kindWant
+	kindMembers
 	kindEnd // one past the last
 )
 
 // Msg is a message between the IPAM cores of two peers: one of *RingMsg,
 // *PaxosMsg, *DonateRequest, *Donation, *Denial, *Remove, *RemoveAck,
-// *Handover, *HandoverAck, *Withdraw, *WithdrawAck, *AskRemoved, *Want.
+// *Handover, *HandoverAck, *Withdraw, *WithdrawAck, *AskRemoved, *Want,
+// *Members.
 type Msg interface {
 	kind() msgKind
 }
@@ -172,6 +175,17 @@ type Want struct {
 	Addrs []Address // sorted, unique
 }
 
+// Members tells a peer the members the sender knows (the peers that share
+// the ring, as far as it ever learned, less those it records as removed).
+// With Ask, the addressee answers with its own. A peer that starts without
+// state and owns ranges in the ring it learns asks every peer it hears
+// from, and waits for each member it learns of too (peer_rejoin.go).
+type Members struct {
+	Ask   bool
+	Peers []PeerName // sorted, unique
+}
+
+func (*Members) kind() msgKind     { return kindMembers }
 func (*AskRemoved) kind() msgKind  { return kindAskRemoved }
 func (*Want) kind() msgKind        { return kindWant }
 func (*Withdraw) kind() msgKind    { return kindWithdraw }
@@ -253,6 +267,15 @@ func EncodeMsg(m Msg) []byte {
 		}
 	case *Want:
 		b = appendAddrs(b, m.Addrs)
+	case *Members:
+		ask := byte(0)
+		if m.Ask {
+			ask = 1
+		}
+		b = binary.AppendUvarint(append(b, ask), uint64(len(m.Peers)))
+		for _, q := range m.Peers {
+			b = appendName(b, q)
+		}
 	case *Handover:
 		b = binary.AppendUvarint(b, m.ID)
 		b = appendRing(b, m.Ring)
@@ -354,6 +377,23 @@ func DecodeMsg(data []byte) (Msg, error) {
 		m = am
 	case kindWant:
 		m = &Want{Addrs: d.addrs()}
+	case kindMembers:
+		mm := &Members{}
+		switch f := d.fixed(1)[0]; {
+		case f == 1:
+			mm.Ask = true
+		case f != 0:
+			d.fail("members: flag %d", f)
+		}
+		n := d.count(maxWireEntries, 2)
+		for i := 0; i < n && d.err == nil; i++ {
+			q := d.name()
+			if len(mm.Peers) > 0 && q <= mm.Peers[len(mm.Peers)-1] {
+				d.fail("members: names not sorted and unique")
+			}
+			mm.Peers = append(mm.Peers, q)
+		}
+		m = mm
 	case kindHandover:
 		hm := &Handover{ID: d.uvarint()}
 		hm.Ring = d.ring()

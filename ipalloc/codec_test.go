@@ -46,6 +46,9 @@ func testMsgs(t testing.TB) []Msg {
 		&RemoveAck{Peer: "node-c", Ring: r, InUse: []Address{0, 0xffffffff}},
 		&Want{Addrs: []Address{r.Entries[0].Token + 1}},
 		&Want{Addrs: []Address{r.Entries[0].Token + 1, r.Entries[0].Token + 2, r.Entries[2].Token + 9}},
+		&Members{Ask: true, Peers: []PeerName{"node-b", "node-c"}},
+		&Members{Peers: []PeerName{"node-d"}},
+		&Members{Ask: true},
 	}
 }
 
@@ -97,6 +100,8 @@ func TestCodecRefuses(t *testing.T) {
 		{"remove ack in use unsorted", append(EncodeMsg(&RemoveAck{Peer: "c", Ring: testRing(t)}), removeAckInUseVersion, 0, 2, 5, 0), "not sorted"},
 		{"want unsorted", []byte{wireFormat, byte(kindWant), 3, 1, 1, 0}, "not sorted and unique"},
 		{"want past 32 bits", []byte{wireFormat, byte(kindWant), 2, 0xff, 0xff, 0xff, 0xff, 0x0f, 1}, "does not fit 32 bits"},
+		{"members unsorted", EncodeMsg(&Members{Peers: []PeerName{"b", "a"}}), "not sorted and unique"},
+		{"members bad flag", []byte{wireFormat, byte(kindMembers), 2, 0}, "flag 2"},
 		{"want huge count", []byte{wireFormat, byte(kindWant), 0xff, 0xff, 0x03}, "more than the message can hold"},
 		{"remove ack bad member", EncodeMsg(&RemoveAck{Peer: "c", Ring: testRing(t), Members: []PeerName{"a b"}}), "printable ASCII"},
 		{"remove ack huge member count", append(EncodeMsg(&RemoveAck{Peer: "c", Ring: testRing(t)}), removeAckExtVersion, 0xff, 0x7f), "more than the message can hold"},

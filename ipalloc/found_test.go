@@ -120,3 +120,67 @@ func TestFoundHandedOnAtTakeover(t *testing.T) {
 		}
 	}
 }
+
+// TestRejoinWaitsForMembers (make test-long's wipe seeds 4238 and 5481): a
+// gave part of its range to d, a peer that owns nothing else, and then
+// lost its disk; d is down when a comes back, so neither the ring a learns
+// (b's, which never saw the donation) nor its mesh names d. a must learn d
+// from b's members and wait for it, not allocate from the range it gave.
+func TestRejoinWaitsForMembers(t *testing.T) {
+	inits := seeded("a", "b")
+	inits["d"] = Init{Seeds: []PeerName{"a", "b"}} // joins, owns nothing
+	c := newCluster(t, "10.32.0.0/26", inits)
+	c.run(10)
+	// a gives d space that only d sees; then a dies, and d is cut off.
+	c.cut = map[PeerName]bool{"b": true}
+	if err := c.peers["a"].Step("d", &DonateRequest{ID: 1}); err != nil {
+		t.Fatal(err)
+	}
+	c.ready("a")
+	c.run(1)
+	given := c.peers["d"].Owned()
+	if len(given) == 0 {
+		t.Fatal("setup: d got no donation")
+	}
+	c.peers["a"] = nil
+	c.queue = nil
+	c.cut = map[PeerName]bool{"d": true}
+
+	a := c.wipe("a", []PeerName{"b"}) // the mesh shows it b alone
+	c.pushPull("a", "b")
+	c.run(3 * simTiming.RemoveRetry)
+	st := a.Status().Rejoin
+	if !strings.Contains(st, "(d)") {
+		t.Fatalf("a does not wait for d, which holds its lost self's donation: %q", st)
+	}
+	for i := 0; i < 20; i++ {
+		c.alloc("a", key(i))
+	}
+	c.run(2)
+	for i := 0; i < 20; i++ {
+		if ans, ok := c.answer[key(i)]; ok && ans.Err == nil {
+			t.Fatalf("a allocated %s while it waits for d", ans.Address)
+		}
+	}
+
+	delete(c.cut, "d")
+	c.pushPull("a", "d")
+	c.run(3 * simTiming.RemoveRetry)
+	if st := a.Status().Rejoin; st != "" {
+		t.Fatalf("a still holds back with d back: %q", st)
+	}
+	for _, rg := range given {
+		if o, _ := a.Ring().Owner(rg.Start); o != "d" {
+			t.Errorf("a's ring gives %s, which a's lost self gave d, to %s", rg, o)
+		}
+	}
+	for i := 100; i < 110; i++ { // fewer than a's own free addresses: no donation back
+		c.alloc("a", key(i))
+	}
+	c.run(2)
+	for i := 100; i < 110; i++ {
+		if ans, ok := c.answer[key(i)]; ok && ans.Err == nil && slices.ContainsFunc(given, func(rg Range) bool { return rg.Contains(ans.Address) }) {
+			t.Fatalf("a allocated %s, in the range its lost self gave d (%v); a owns %v, ring %v", ans.Address, given, a.Owned(), a.Ring().Entries)
+		}
+	}
+}

@@ -110,6 +110,10 @@ type Peer struct {
 	// acknowledger reported in use on its node (RemoveAck.InUse), handed
 	// to it at the takeover (peer_found.go).
 	ackInUse map[PeerName]map[PeerName][]Address
+	// membersFrom: peers whose members this peer merged since it started;
+	// membersAskAt: when it last asked each (peer_rejoin.go).
+	membersFrom  map[PeerName]bool
+	membersAskAt map[PeerName]int64
 }
 
 // reportAgainAfter is how long (in ticks: 10 minutes with DefaultTiming's
@@ -743,6 +747,8 @@ func (p *Peer) Step(from PeerName, m Msg) error {
 		p.stepAskRemoved(from, m)
 	case *Want:
 		p.stepWant(from, m)
+	case *Members:
+		p.stepMembers(from, m)
 	default:
 		return fmt.Errorf("%w: unexpected %T", ErrBadMessage, m)
 	}
@@ -751,6 +757,7 @@ func (p *Peer) Step(from PeerName, m Msg) error {
 	case err == nil && ring != nil && !ring.Empty() && !p.a.ring.Empty():
 		p.ringPeers[from] = true
 		delete(p.foreign, from)
+		p.askMembers(from)
 		p.checkRejoin()
 		p.checkStartHold()
 	case errors.Is(err, ErrRangeTaken) && ring != nil:
@@ -846,6 +853,7 @@ func (p *Peer) Tick() {
 		p.tickWithdraws()
 		p.askRemoved()
 		p.askFound()
+		p.askAllMembers()
 	}
 	if p.freeGossip && p.now%int64(p.cfg.Timing.GossipEvery) == 0 {
 		p.broadcast = true

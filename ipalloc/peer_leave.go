@@ -259,6 +259,8 @@ func (p *Peer) stepLeft(from PeerName, m Msg) error {
 		p.stepHandoverAck(from, m)
 	case *AskRemoved:
 		p.stepAskRemoved(from, m)
+	case *Members:
+		p.stepMembers(from, m)
 	case *Handover:
 		if p.leave.heir == "" || p.leave.heir == from {
 			return fmt.Errorf("refused the ranges of %s: %w too, with nobody to hand them to", from, ErrLeft)

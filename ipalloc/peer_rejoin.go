@@ -56,22 +56,125 @@ func (p *Peer) rejoinWaits() []PeerName {
 	// and every live peer it knows: a donation of its lost self may be
 	// known only to the peer it went to.
 	wait := map[PeerName]bool{}
+	owners := map[PeerName]bool{}
 	for _, q := range p.a.ring.Peers() {
 		if _, gone := p.removed[q]; !gone && q != p.cfg.Self {
 			wait[q] = true
+			owners[q] = true
 		}
 	}
 	for _, q := range p.livePeers() {
 		wait[q] = true
 	}
+	owns := p.rejoinOwns()
+	if owns {
+		// And every member: a peer that got a donation from its lost
+		// self and owns nothing else is in no ring that survived, and may
+		// be down or cut off now (make test-long's wipe seeds 4238, 5481).
+		for q := range p.members {
+			if p.inBarrier(q) {
+				wait[q] = true
+			}
+		}
+	}
 	var out []PeerName
 	for q := range wait {
-		if !p.ringPeers[q] {
+		if !p.ringPeers[q] || (owns && owners[q] && !p.membersFrom[q]) {
 			out = append(out, q)
 		}
 	}
 	slices.Sort(out)
 	return out
+}
+
+// Members while rejoining. A peer that starts without state and finds
+// ranges of its own in the ring it learns must hear from every peer its
+// lost self may have given some of them to. The ring's owners and the
+// live peers its mesh shows it are not all of those: a peer that got a
+// donation and owns nothing else is an owner only in rings that nobody
+// alive may hold, and while it is down or cut off the mesh does not show
+// it. Every peer that ever shared the ring knows it as a member, on disk
+// (peer_removal.go). So the rejoining peer asks every peer it waits for
+// for its members (Members with Ask, at once when it merges that peer's
+// ring, and again every Timing.RemoveRetry ticks until answered), adds
+// each to its own members, and waits for a ring from each of them too.
+// It waits for the answer of every owner in its ring (each saw every
+// peer that joined the mesh while it was up; a peer that is not an owner
+// need not answer, so that one that only forges rings cannot hold it back
+// for good). A member that is gone for good holds
+// it until it is removed (weft rmpeer), as an owner does; a peer of a weft
+// before this never answers, so during a rolling upgrade such a rejoin
+// waits until the peers it asks are upgraded. A peer that owns nothing in
+// its ring gets space only as a donation, which is safe: it asks nobody.
+
+// rejoinOwns reports whether this peer holds back while its ring gives it
+// ranges: then it waits for every member too.
+func (p *Peer) rejoinOwns() bool {
+	return p.rejoin && slices.Contains(p.a.ring.Peers(), p.cfg.Self)
+}
+
+// askMembers asks q for its members, at most once every
+// Timing.RemoveRetry ticks, while this peer waits for q's.
+func (p *Peer) askMembers(q PeerName) {
+	if !p.rejoinOwns() || p.membersFrom[q] || !p.live(q) || !slices.Contains(p.a.ring.Peers(), q) {
+		return
+	}
+	if at, ok := p.membersAskAt[q]; ok && p.now-at < int64(p.cfg.Timing.RemoveRetry) {
+		return
+	}
+	if p.membersAskAt == nil {
+		p.membersAskAt = map[PeerName]int64{}
+	}
+	p.membersAskAt[q] = p.now
+	p.send(q, &Members{Ask: true, Peers: p.memberList()})
+}
+
+// askAllMembers asks every peer the rejoin waits for whose ring it has.
+func (p *Peer) askAllMembers() {
+	if !p.rejoinOwns() {
+		return
+	}
+	for _, q := range p.rejoinWaits() {
+		if p.ringPeers[q] {
+			p.askMembers(q)
+		}
+	}
+}
+
+// memberList lists the members this peer knows that it does not record
+// as removed, sorted.
+func (p *Peer) memberList() []PeerName {
+	var out []PeerName
+	for q := range p.members {
+		if _, gone := p.removed[q]; !gone && q != p.cfg.Self {
+			out = append(out, q)
+		}
+	}
+	slices.Sort(out)
+	if len(out) > maxWireValue {
+		out = out[:maxWireValue]
+	}
+	return out
+}
+
+// stepMembers records the members from knows, and answers an Ask with
+// this peer's own.
+func (p *Peer) stepMembers(from PeerName, m *Members) {
+	for _, q := range m.Peers {
+		if ValidatePeerName(q) == nil {
+			p.addMember(q)
+		}
+	}
+	if m.Ask {
+		p.send(from, &Members{Peers: p.memberList()})
+		return
+	}
+	if p.membersFrom == nil {
+		p.membersFrom = map[PeerName]bool{}
+	}
+	p.membersFrom[from] = true
+	p.askAllMembers()
+	p.checkRejoin()
 }
 
 // heardLive reports whether this peer merged a claimed ring from a live

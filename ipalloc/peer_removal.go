@@ -225,6 +225,8 @@ func (p *Peer) stepRemovedSelf(from PeerName, m Msg) error {
 		return p.stepPaxos(from, m)
 	case *AskRemoved:
 		p.stepAskRemoved(from, m)
+	case *Members:
+		p.stepMembers(from, m)
 	}
 	return nil
 }

@@ -1,11 +1,18 @@
 package ipalloc
 
-import "testing"
+import (
+	"slices"
+	"strings"
+	"testing"
+)
 
 // TestRejoinJumpsOverLostVersions (mutant 19): a seed peer that lost its
 // disk and kept its name rejoins from the ring of the one owner it hears
 // from, which has not seen its lost self's last free counts; a peer that
-// owns nothing (d, so the hold does not wait for it) has. The rejoined
+// owns nothing (d) has, and the owner never knew d (so neither does the
+// rejoining peer, whose hold waits for every member it learns of: d met
+// only a's lost self, as a peer that joined while the owner was cut off
+// may have). The rejoined
 // peer then changes its free counts as often as its lost self did, to
 // other counts, so
 // without the version jump the same token and version would carry other
@@ -20,6 +27,23 @@ func TestRejoinJumpsOverLostVersions(t *testing.T) {
 	if len(c.peers["d"].Owned()) != 0 {
 		t.Fatalf("d owns %v: the test needs it to own nothing", c.peers["d"].Owned())
 	}
+	// b forgets d (it never heard of it): its state without d as a
+	// member, restarted knowing only a, and its start hold over.
+	var keep []PeerName
+	for _, q := range c.disk["b"].Members {
+		if q != "d" {
+			keep = append(keep, q)
+		}
+	}
+	c.disk["b"].Members = keep
+	c.cut = map[PeerName]bool{"d": true}
+	c.restartKnowing("b", []PeerName{"a"})
+	c.pushPull("a", "b")
+	c.run(3)
+	if st := c.peers["b"].Status().String(); strings.Contains(st, "started with state") || slices.Contains(c.peers["b"].Members(), "d") {
+		t.Fatalf("setup: b holds back or knows d: %s, members %v", st, c.peers["b"].Members())
+	}
+
 	// a's lost self allocates while only d hears of its free counts.
 	unseenFreeCounts(t, c, "a", "d")
 	lost := map[Address]Entry{}

@@ -409,7 +409,7 @@ func (c *Cluster) Trace(w *Node) Trace {
 
 // KindNames are the ipam message kinds by their kind byte (ipalloc/codec.go).
 var KindNames = []string{1: "ring", "prepare", "promise", "accept", "accepted", "nack", "donate-request", "donation",
-	"denial", "remove", "remove-ack", "handover", "handover-ack", "withdraw", "withdraw-ack", "ask-removed", "want"}
+	"denial", "remove", "remove-ack", "handover", "handover-ack", "withdraw", "withdraw-ack", "ask-removed", "want", "members"}
 
 // Received counts the ipam messages this node received, by kind byte.
 func (n *Node) Received() [32]uint64 {
