@@ -57,7 +57,7 @@ var (
 	simSchedules = flag.Int("ipalloc.sim.schedules", 0, "number of simulation schedules (default 300; 100 with -race, 40 with -short; make test runs 1500, make test-long 10000)")
 	simSteps     = flag.Int("ipalloc.sim.steps", 0, "steps per simulation schedule (default 1500, 600 with -short)")
 	simFirst     = flag.Uint64("ipalloc.sim.first", 1, "seed of the first simulation schedule")
-	simFaults    = flag.String("ipalloc.sim.faults", "oneway,partialview,join,rename,mixedsize", "faults of the hard simulation to inject (comma-separated; also: wipe, otherseeds, stale, all)")
+	simFaults    = flag.String("ipalloc.sim.faults", "oneway,partialview,join,rename,mixedsize,wipe", "faults of the hard simulation to inject (comma-separated; also: otherseeds, stale, all)")
 	simRmLive    = flag.Bool("ipalloc.sim.rmlive", true, "also rmpeer live peers cut off from the rest (a Node deleted while its router is cut off): it must stop allocating once it knows (on by default since 2,300 schedules with it were clean; -ipalloc.sim.rmlive=false turns it off)")
 )
 
