@@ -37,11 +37,14 @@ type wantState struct {
 }
 
 // unownedFound lists the found addresses that this peer does not own
-// (sorted, unique, at most maxWireAddrs): what its RemoveAck reports.
+// (sorted, unique, at most maxWireAddrs): what its RemoveAck reports. Only
+// pods the node shows count: an allocation of a saved state found stale
+// that the node does not show (foundSaved) is a record, most likely of a
+// pod deleted since, not a claim on another peer's address.
 func (p *Peer) unownedFound() []Address {
 	var out []Address
-	for _, a := range p.found {
-		if !p.a.space.Owns(a) {
+	for k, a := range p.found {
+		if !p.a.space.Owns(a) && !p.foundSaved[k] {
 			out = append(out, a)
 		}
 	}
@@ -54,9 +57,12 @@ func (p *Peer) unownedFound() []Address {
 }
 
 // askFound sends a Want to each live owner of found addresses this peer
-// does not own, at most once every Timing.RemoveRetry ticks per owner.
+// does not own, at most once every Timing.RemoveRetry ticks per owner. It
+// asks while it holds back too (a rejoin, its start hold): its ring may
+// name the wrong owner then, who answers with its ring, but the sooner the
+// owner hears of the address, the sooner it stops handing it out.
 func (p *Peer) askFound() {
-	if len(p.found) == 0 || p.a.ring.Empty() || p.leave != nil || p.rejoin || p.startHold || p.removedErr() != nil {
+	if len(p.found) == 0 || p.a.ring.Empty() || p.leave != nil || p.removedErr() != nil {
 		return
 	}
 	byOwner := map[PeerName][]Address{}
@@ -129,19 +135,18 @@ func addressRuns(addrs []Address) []Range {
 	return out
 }
 
-// handFound runs at the takeover of x's ranges (took, as they were x's):
-// the addresses in them that acknowledgers of the removal reported in use
-// on their nodes go to them, not to this peer. An address that this peer
-// holds, or that its own node uses too, or that two acknowledgers report,
-// is a duplicate already: it stays with the first and is reported.
-func (p *Peer) handFound(x PeerName, took []Range) bool {
+// handFound runs once the reclaim of x completes: the addresses that
+// acknowledgers of the removal reported in use on their nodes go to them,
+// if this peer owns them now (x's ranges it took over, or its own: a
+// donation of its own that it lost with a stale disk) and does not hold
+// them. An address that this peer holds, or that its own node uses too,
+// or that two acknowledgers report, is a duplicate already: it stays with
+// the first and is reported.
+func (p *Peer) handFound(x PeerName) bool {
 	byAcker := p.ackInUse[x]
 	delete(p.ackInUse, x)
 	if len(byAcker) == 0 {
 		return false
-	}
-	inTook := func(a Address) bool {
-		return slices.ContainsFunc(took, func(rg Range) bool { return rg.Contains(a) })
 	}
 	here := map[Address]Key{}
 	for k, a := range p.found {
@@ -155,7 +160,7 @@ func (p *Peer) handFound(x PeerName, took []Range) bool {
 		}
 		var give []Address
 		for _, a := range byAcker[q] {
-			if !inTook(a) || !p.a.space.Owns(a) {
+			if !p.a.space.Owns(a) {
 				continue
 			}
 			holder, held := p.a.Holder(a)
@@ -174,7 +179,7 @@ func (p *Peer) handFound(x PeerName, took []Range) bool {
 				give = append(give, a)
 			}
 		}
-		if p.giveFound(q, give, fmt.Sprintf("which reports them in use on its node (%s's ranges, taken over)", x)) {
+		if p.giveFound(q, give, fmt.Sprintf("which reports them in use on its node (in its acknowledgement of the removal of %s)", x)) {
 			gave = true
 		}
 	}

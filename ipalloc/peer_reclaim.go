@@ -221,14 +221,14 @@ func (p *Peer) completeReclaims() {
 		if len(p.waitingFor(x)) > 0 {
 			continue
 		}
-		took := p.a.ring.Owned(x)
 		n, err := p.a.Reclaim(x)
 		if err != nil {
 			p.event(true, "ipalloc: rmpeer of %s: %v", x, err)
 			continue
 		}
-		if n > 0 {
-			p.handFound(x, took)
+		if p.handFound(x) {
+			tookAny = true
+			p.ringChanged(true)
 		}
 		if !p.reported[x] {
 			p.send(x, &Remove{Peer: x}) // once more, in case it is alive

@@ -315,9 +315,23 @@ func (s *sim) start(sp *simPeer) {
 		return
 	}
 	sp.p = p
-	if len(sp.found) > 0 {
-		// The router finds its pods' addresses on its bridge.
-		p.HoldFound(maps.Clone(sp.found))
+	// The router finds its pods' addresses on its bridge, at every start
+	// (docs/ipam.md, Persistence): those a lost or restored disk does not
+	// hold (sp.found), and those it holds (which a state found stale later
+	// must not drop: seed 155 of the stale runs, where a plain restart
+	// showed nothing and the stale check then dropped a running pod's
+	// address).
+	onNode := maps.Clone(sp.found)
+	for k, h := range s.holder {
+		if _, ok := s.held[k]; ok && h == sp.name {
+			if onNode == nil {
+				onNode = map[Key]Address{}
+			}
+			onNode[k] = s.held[k]
+		}
+	}
+	if len(onNode) > 0 {
+		p.HoldFound(onNode)
 	}
 	s.ready(sp)
 	// The mesh's join: the router tells its allocator of every member it
