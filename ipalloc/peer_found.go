@@ -24,12 +24,19 @@ import (
 //     already, made before anyone could know: the owner warns, naming both.
 //   - An owner being removed (weft rmpeer, its Node deleted) answers
 //     nothing: this peer lists the addresses in its RemoveAck (InUse), and
-//     the reclaimer, at the takeover, hands those of the removed peer to
-//     this peer instead of taking them.
+//     the reclaimer, when the reclaim completes, hands those it owns then
+//     (the removed peer's, or its own) to this peer instead of keeping
+//     them (handFound).
 //
 // What neither closes: an owner that handed the address out before this
-// peer came back (nobody alive knew of it then). The owner's warning and
-// this peer's say so.
+// peer came back (nobody alive knew of it then). The owner's warning says
+// so when this peer asks.
+//
+// A Want is a request for space, like a DonateRequest, but for exact
+// addresses: a peer of the mesh could use it to take free addresses one by
+// one and split the owner's ranges into many ring entries. With a password
+// only peers that know it are in the mesh (docs/security.md); without one,
+// anyone who reaches the gossip port can send forged rings already.
 
 // wantState is what a peer asked other peers for (Want).
 type wantState struct {
