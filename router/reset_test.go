@@ -208,6 +208,11 @@ func TestResetWaitsForTheHold(t *testing.T) {
 	if err := r.ipam.Step("other", ipalloc.EncodeMsg(&ipalloc.RingMsg{Ring: ring})); err != nil {
 		t.Fatal(err)
 	}
+	// A rejoining owner also waits for the other owner's members
+	// (ipalloc/peer_rejoin.go), which it asks for on its ring.
+	if err := r.ipam.Step("other", ipalloc.EncodeMsg(&ipalloc.Members{Peers: []ipalloc.PeerName{"self"}})); err != nil {
+		t.Fatal(err)
+	}
 	if err := <-done; !errors.Is(err, ipalloc.ErrNoHeir) {
 		t.Fatalf("reset once the hold ended: %v, want ErrNoHeir", err)
 	}
