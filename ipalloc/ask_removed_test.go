@@ -79,9 +79,7 @@ func TestBarrierLearnsRemovalByAnother(t *testing.T) {
 	if !cp.members["x"] || cp.isRemoved("x") {
 		t.Fatalf("c should know x as a member, not its removal: members %v removed %v", cp.Members(), cp.removed)
 	}
-	delete(c.cut, "b")
-	c.pushPull("c", "b")
-	c.run(3 * simTiming.RemoveRetry)
+	c.reconnect("b", "c")
 	if slices.Contains(c.peers["a"].Ring().Peers(), "x") {
 		t.Fatalf("a's reclaim of x did not complete: %+v", c.peers["a"].Status().Reclaims)
 	}

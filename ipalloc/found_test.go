@@ -163,9 +163,7 @@ func TestRejoinWaitsForMembers(t *testing.T) {
 		}
 	}
 
-	delete(c.cut, "d")
-	c.pushPull("a", "d")
-	c.run(3 * simTiming.RemoveRetry)
+	c.reconnect("d", "a")
 	if st := a.Status().Rejoin; st != "" {
 		t.Fatalf("a still holds back with d back: %q", st)
 	}

@@ -105,10 +105,10 @@ type Peer struct {
 	foundSaved map[Key]bool
 	fromState  bool // started with a ring on disk
 	// want: found addresses asked for from their owners (peer_found.go).
-	want wantState
+	wantAt map[PeerName]int64
 	// ackInUse: for each peer this one removes, the addresses that each
 	// acknowledger reported in use on its node (RemoveAck.InUse), handed
-	// to it at the takeover (peer_found.go).
+	// to it when the reclaim completes (peer_found.go).
 	ackInUse map[PeerName]map[PeerName][]Address
 	// membersFrom: peers whose members this peer merged since it started;
 	// membersAskAt: when it last asked each (peer_rejoin.go).
@@ -145,6 +145,21 @@ func (p *Peer) reportOnce(text string) {
 	}
 	p.refused[text] = p.now
 	p.event(true, "%s", text)
+}
+
+// retryDue reports whether this peer may send to q again under the record
+// *at (peer -> tick of the last send), at most once every
+// Timing.RemoveRetry ticks, and records the send if so. The record only
+// spaces sends: past maxWireValue peers it starts afresh.
+func (p *Peer) retryDue(at *map[PeerName]int64, q PeerName) bool {
+	if t, ok := (*at)[q]; ok && p.now-t < int64(p.cfg.Timing.RemoveRetry) {
+		return false
+	}
+	if *at == nil || len(*at) > maxWireValue {
+		*at = map[PeerName]int64{}
+	}
+	(*at)[q] = p.now
+	return true
 }
 
 type pendingAlloc struct {

@@ -38,11 +38,6 @@ import (
 // only peers that know it are in the mesh (docs/security.md); without one,
 // anyone who reaches the gossip port can send forged rings already.
 
-// wantState is what a peer asked other peers for (Want).
-type wantState struct {
-	at map[PeerName]int64 // owner -> tick of the last Want sent to it
-}
-
 // unownedFound lists the found addresses that this peer does not own
 // (sorted, unique, at most maxWireAddrs): what its RemoveAck reports. Only
 // pods the node shows count: an allocation of a saved state found stale
@@ -78,14 +73,10 @@ func (p *Peer) askFound() {
 			byOwner[owner] = append(byOwner[owner], a)
 		}
 	}
-	if p.want.at == nil {
-		p.want.at = map[PeerName]int64{}
-	}
 	for _, owner := range slices.Sorted(maps.Keys(byOwner)) {
-		if at, ok := p.want.at[owner]; ok && p.now-at < int64(p.cfg.Timing.RemoveRetry) {
+		if !p.retryDue(&p.wantAt, owner) {
 			continue
 		}
-		p.want.at[owner] = p.now
 		p.send(owner, &Want{Addrs: byOwner[owner]})
 	}
 }

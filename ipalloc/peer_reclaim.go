@@ -272,13 +272,9 @@ func (p *Peer) remindReclaimer(from PeerName, m Msg) {
 		if rm, ok := m.(*Remove); ok && rm.Peer == x {
 			continue // from asks for it: it has the record
 		}
-		if at, ok := p.toldBy[x]; ok && p.now-at < int64(p.cfg.Timing.RemoveRetry) {
+		if !p.retryDue(&p.toldBy, x) {
 			continue
 		}
-		if p.toldBy == nil || len(p.toldBy) > 1000 {
-			p.toldBy = map[PeerName]int64{}
-		}
-		p.toldBy[x] = p.now
 		p.send(from, &Remove{Peer: x, By: from})
 	}
 }

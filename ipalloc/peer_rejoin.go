@@ -113,32 +113,34 @@ func (p *Peer) rejoinOwns() bool {
 	return p.rejoin && slices.Contains(p.a.ring.Peers(), p.cfg.Self)
 }
 
-// askMembers asks q for its members, at most once every
-// Timing.RemoveRetry ticks, while this peer waits for q's.
+// askMembers asks q for its members if q is an owner whose ring this
+// peer just merged (Step), while its rejoin waits for them.
 func (p *Peer) askMembers(q PeerName) {
-	if !p.rejoinOwns() || p.membersFrom[q] || !p.live(q) || !slices.Contains(p.a.ring.Peers(), q) {
-		return
+	if p.rejoinOwns() && slices.Contains(p.a.ring.Peers(), q) {
+		p.askOwnerMembers(q)
 	}
-	if at, ok := p.membersAskAt[q]; ok && p.now-at < int64(p.cfg.Timing.RemoveRetry) {
-		return
-	}
-	if p.membersAskAt == nil {
-		p.membersAskAt = map[PeerName]int64{}
-	}
-	p.membersAskAt[q] = p.now
-	p.send(q, &Members{Ask: true, Peers: p.memberList()})
 }
 
-// askAllMembers asks every peer the rejoin waits for whose ring it has.
+// askAllMembers asks again every owner whose ring this peer merged and
+// whose members it has not had yet (every Timing.RemoveRetry ticks).
 func (p *Peer) askAllMembers() {
 	if !p.rejoinOwns() {
 		return
 	}
-	for _, q := range p.rejoinWaits() {
+	for _, q := range p.a.ring.Peers() {
 		if p.ringPeers[q] {
-			p.askMembers(q)
+			p.askOwnerMembers(q)
 		}
 	}
+}
+
+// askOwnerMembers sends owner q a Members ask, at most once every
+// Timing.RemoveRetry ticks, until q has answered.
+func (p *Peer) askOwnerMembers(q PeerName) {
+	if q == p.cfg.Self || p.membersFrom[q] || !p.live(q) || !p.retryDue(&p.membersAskAt, q) {
+		return
+	}
+	p.send(q, &Members{Ask: true, Peers: p.memberList()})
 }
 
 // memberList lists the members this peer knows that it does not record
@@ -173,7 +175,6 @@ func (p *Peer) stepMembers(from PeerName, m *Members) {
 		p.membersFrom = map[PeerName]bool{}
 	}
 	p.membersFrom[from] = true
-	p.askAllMembers()
 	p.checkRejoin()
 }
 

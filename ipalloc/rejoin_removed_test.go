@@ -22,6 +22,14 @@ func (c *cluster) pushPull(a, b PeerName) {
 	}
 }
 
+// reconnect ends n's cut, queues the push-pull of a and n (the mesh's
+// join once they reach each other again), and runs until quiet.
+func (c *cluster) reconnect(n, a PeerName) {
+	delete(c.cut, n)
+	c.pushPull(a, n)
+	c.run(3 * simTiming.RemoveRetry)
+}
+
 // TestRejoinResumesReclaim (reliability.md, finding 2; chaos seed 2): the
 // peer that ran rmpeer of a dead peer loses its disk while the barrier is
 // open (a cut-off peer has not answered), and comes back under the same
@@ -62,9 +70,7 @@ func TestRejoinResumesReclaim(t *testing.T) {
 	if !c.hasEvent("a: ipalloc: b records that this peer removes x") {
 		t.Errorf("no event says why the reclaim was taken up again: %v", c.events)
 	}
-	delete(c.cut, "c")
-	c.pushPull("a", "c")
-	c.run(3 * simTiming.RemoveRetry)
+	c.reconnect("c", "a")
 	if st := a.Status().Rejoin; st != "" {
 		t.Fatalf("a still holds back after c came back: %q", st)
 	}
