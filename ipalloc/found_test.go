@@ -182,3 +182,43 @@ func TestRejoinWaitsForMembers(t *testing.T) {
 		}
 	}
 }
+
+// TestWantWhileHoldingBack (make test-long seed 7268): a's pod uses an
+// address in b's range; b, back without state, holds back when a's Want
+// arrives, and has allocations waiting. When its hold ends it must give
+// the address to a before it serves them, not hand it to one of them
+// while a's next retry is still on its way.
+func TestWantWhileHoldingBack(t *testing.T) {
+	c := newCluster(t, "10.32.0.0/26", seeded("a", "b"))
+	c.run(5)
+	bRanges := c.peers["b"].Owned()
+	if len(bRanges) == 0 {
+		t.Fatal("b owns nothing")
+	}
+	wanted := bRanges[0].Start // the first address b would hand out
+
+	b := c.wipe("b", []PeerName{"a"})
+	if err := b.Step("a", &Want{Addrs: []Address{wanted}}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 8; i++ {
+		b.Allocate(key(i))
+	}
+	c.ready("b")
+	if b.Status().Rejoin == "" {
+		t.Fatal("b does not hold back: the test tests nothing")
+	}
+	c.pushPull("a", "b")
+	c.run(3)
+	if st := b.Status().Rejoin; st != "" {
+		t.Fatalf("b still holds back: %q", st)
+	}
+	for i := 0; i < 8; i++ {
+		if ans, ok := c.answer[key(i)]; ok && ans.Err == nil && ans.Address == wanted {
+			t.Fatalf("b handed %s, which a asked for while b held back, to %s", wanted, key(i))
+		}
+	}
+	if o, _ := b.Ring().Owner(wanted); o != "a" {
+		t.Errorf("b's ring gives %s to %s, not a", wanted, o)
+	}
+}

@@ -105,7 +105,8 @@ type Peer struct {
 	foundSaved map[Key]bool
 	fromState  bool // started with a ring on disk
 	// want: found addresses asked for from their owners (peer_found.go).
-	wantAt map[PeerName]int64
+	wantAt    map[PeerName]int64
+	heldWants map[PeerName][]Address // the last Want of each peer while this one held back (peer_found.go)
 	// ackInUse: for each peer this one removes, the addresses that each
 	// acknowledger reported in use on its node (RemoveAck.InUse), handed
 	// to it when the reclaim completes (peer_found.go).

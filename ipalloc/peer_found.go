@@ -85,7 +85,18 @@ func (p *Peer) askFound() {
 // does not hold, and answers with this peer's ring.
 func (p *Peer) stepWant(from PeerName, m *Want) {
 	if p.a.ring.Empty() || p.rejoin || p.startHold {
-		return // its view of its ranges may be stale; from asks again
+		// Its view of its ranges may be stale: the last Want of each
+		// peer is kept, and answered when the hold ends, before anything
+		// that waits for an address is served (make test-long seed 7268:
+		// the rejoin ended between two of the asker's retries, and its
+		// first allocation took the address the asker's pod uses).
+		if p.heldWants == nil {
+			p.heldWants = map[PeerName][]Address{}
+		}
+		if len(p.heldWants) < maxWireValue {
+			p.heldWants[from] = m.Addrs
+		}
+		return
 	}
 	var give []Address
 	for _, a := range m.Addrs {
@@ -103,6 +114,17 @@ func (p *Peer) stepWant(from PeerName, m *Want) {
 		p.ringChanged(true)
 	}
 	p.send(from, &RingMsg{Ring: p.a.Ring()})
+}
+
+// serveHeldWants answers the Wants kept while this peer held back.
+func (p *Peer) serveHeldWants() {
+	wants := p.heldWants
+	p.heldWants = nil
+	for _, q := range slices.Sorted(maps.Keys(wants)) {
+		if p.live(q) {
+			p.stepWant(q, &Want{Addrs: wants[q]})
+		}
+	}
 }
 
 // giveFound gives each run of addrs (sorted, unique, owned by this peer

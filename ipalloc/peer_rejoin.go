@@ -221,6 +221,7 @@ func (p *Peer) checkRejoin() {
 	}
 	p.holdFound()
 	p.completeReclaims()
+	p.serveHeldWants()
 	p.serve()
 }
 

@@ -92,6 +92,7 @@ func (p *Peer) endStartHold() {
 	}
 	p.holdFound()
 	p.completeReclaims()
+	p.serveHeldWants()
 	p.serve()
 }
 
