@@ -207,6 +207,9 @@ func (p *Peer) completeReclaims() {
 		p.checkStartHold()
 		return
 	}
+	if p.ringUnseen() {
+		return
+	}
 	xs := make([]PeerName, 0, len(p.acks))
 	for x := range p.acks {
 		xs = append(xs, x)
@@ -305,4 +308,31 @@ func (p *Peer) stepRemoveNews(from PeerName, m *Remove) {
 	p.event(false, "ipalloc: %s records that this peer removes %s (weft rmpeer), which this peer had no record of: its state was lost "+
 		"while it reclaimed %s. Taking the reclaim up again (it waits for every peer that shares the ring, as a new rmpeer does)", from, x, x)
 	p.startRemoval(x)
+}
+
+// ringUnseen reports whether this peer has not yet seen the cluster's ring
+// although it knows that the cluster has one, and if so says once why no
+// reclaim completes. Its ring is still the first claim as made (nobody has
+// handed out an address from it: Ring.FirstClaimOnly), while its node
+// shows pods whose addresses were handed out (HoldFound): from a ring that
+// has moved on since, which this peer has lost (a wiped disk, under a name
+// that ring may not even hold) and which only peers that are down now
+// know. The peers it hears know no more than it does (a joiner that has
+// only the first claim): their acknowledgements prove nothing about what
+// the peers that know did. A takeover on this ring would take ranges those
+// peers own and allocate from (make test-long seed 8935). Every reclaim
+// waits until a ring that has moved on is merged: its owners then join
+// the barrier, and a ring that names this peer makes it rejoin.
+func (p *Peer) ringUnseen() bool {
+	if len(p.nodeFound) == 0 || !p.a.ring.FirstClaimOnly() {
+		p.unseenSaid = false
+		return false
+	}
+	if !p.unseenSaid && len(p.acks) > 0 {
+		p.unseenSaid = true
+		p.event(true, "ipalloc: rmpeer waits: this node's pods use %d addresses, but the ring this peer has is still the first claim, "+
+			"so the cluster's ring has moved on and no peer heard since knows it (this peer's state was lost?); "+
+			"the takeover waits until a peer that has the cluster's ring is reachable (start the routers that are down)", len(p.nodeFound))
+	}
+	return true
 }

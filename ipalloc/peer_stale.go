@@ -144,7 +144,7 @@ func (p *Peer) checkStale(r *Ring, from string) {
 			dropped++
 		}
 	}
-	p.event(true, "ipalloc: the state in %s is older than what peers know of this node (a restored backup?): %s. "+
+	p.event(true, "ipalloc: the state in %s is older than what peers know of this node (a restored backup, or a lost disk that this peer refilled with the first claim alone?): %s. "+
 		"This peer now holds back as one whose state was lost: of its %d allocations it keeps the %d in use on the node or handed out since it started, "+
 		"drops the %d others until it knows its ranges, and allocates once it has heard from every other owner of the ring and every live peer",
 		where, p.stale, len(p.a.byKey), len(p.a.byKey)-dropped, dropped)

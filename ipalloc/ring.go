@@ -148,6 +148,22 @@ func (r *Ring) ClaimEvenly(peers []PeerName) error {
 	return nil
 }
 
+// FirstClaimOnly reports whether r is claimed and still exactly as its
+// first claim made it: every entry at version 1. Every later change (a
+// free count, a split, a donation, a reclaim) raises a version, so a
+// ring like this has seen no address handed out by anyone.
+func (r *Ring) FirstClaimOnly() bool {
+	if r.Empty() {
+		return false
+	}
+	for _, e := range r.Entries {
+		if e.Version != 1 {
+			return false
+		}
+	}
+	return true
+}
+
 // Owned returns the ranges peer owns, in order, adjacent ones joined.
 func (r *Ring) Owned(peer PeerName) []Range {
 	var out []Range

@@ -302,3 +302,22 @@ func TestPercent(t *testing.T) {
 		}
 	}
 }
+
+func TestRingFirstClaimOnly(t *testing.T) {
+	r := NewRing(rangeOf("10.32.0.0/26"))
+	if r.FirstClaimOnly() {
+		t.Error("an empty ring counts as the first claim")
+	}
+	if err := r.ClaimEvenly([]PeerName{"a", "b"}); err != nil {
+		t.Fatal(err)
+	}
+	if !r.FirstClaimOnly() {
+		t.Fatalf("a fresh claim is not the first claim alone: %v", r)
+	}
+	if !r.SetFree("a", func(Range) uint32 { return 3 }) {
+		t.Fatal("setup: the free count did not change")
+	}
+	if r.FirstClaimOnly() {
+		t.Error("a ring with a changed free count still counts as the first claim alone")
+	}
+}

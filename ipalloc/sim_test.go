@@ -115,6 +115,7 @@ type simPeer struct {
 
 	found        map[Key]Address // its pods' addresses after its disk was wiped, until it holds them again
 	wiped        bool            // its disk was wiped under its own name, and it has not started since
+	lostState    bool            // its disk was wiped (or restored from a backup) at least once
 	knowsRemoved bool            // it has received a Remove of itself
 	removedLive  bool            // removed with rmpeer while it was alive (rmlive)
 	oddSize      int             // consensus: the size the operator wrongly gave it (0: none); fixed later
@@ -510,7 +511,13 @@ func (s *sim) explained(sp *simPeer, text string) bool {
 	case strings.Contains(text, "is older than what peers know of this node"),
 		strings.Contains(text, "is held in the saved state (older than what the peers know)"),
 		strings.Contains(text, "as from this peer's lost self (a restored backup?)"):
-		return sp.restored
+		// Or a wiped peer that saved a ring no newer than the first claim
+		// (ringUnseen, seed 8935) before it heard the cluster's.
+		return sp.lostState
+	case strings.Contains(text, "rmpeer waits: this node's pods use"):
+		// A peer that lost its state hears only peers as new as it is
+		// (ringUnseen, seed 8935).
+		return sp.lostState
 	case strings.Contains(text, "refused the ring from ") && s.fromRemovedLive(text):
 		// A ring from a peer removed while alive: until it heard of its
 		// removal, it went on changing its ranges (a donation), and its
@@ -922,7 +929,7 @@ func (s *sim) wipe(sp *simPeer, rename bool) {
 	}
 	sp.disk = HardState{}
 	if !rename {
-		sp.wiped = true
+		sp.wiped, sp.lostState = true, true
 		sp.found = map[Key]Address{}
 		for k, h := range s.holder {
 			if h == sp.name && !s.waiting[k] {
@@ -970,7 +977,7 @@ func (s *sim) restoreBackup(sp *simPeer) {
 		s.crash(sp, "disk restored from a backup")
 	}
 	sp.disk, sp.backup, sp.restored = sp.backup.Clone(), nil, true
-	sp.wiped = true
+	sp.wiped, sp.lostState = true, true
 	sp.found = map[Key]Address{}
 	for k, h := range s.holder {
 		if h == sp.name && !s.waiting[k] {
