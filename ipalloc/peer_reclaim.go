@@ -284,8 +284,9 @@ func (p *Peer) remindReclaimer(from PeerName, m Msg) {
 
 // stepRemoveNews handles news (Remove with By): from records that m.By
 // removes m.Peer. Sent to another peer than m.By, it answers an AskRemoved
-// (learnRemoval, in peer_removal.go). If m.By is this peer and it has no record of it,
-// it lost its state while it reclaimed m.Peer (a wiped disk, restarted
+// (learnRemoval, in peer_removal.go). If m.By is this peer and it has no
+// record of it, or only one of a reclaimer that goes after it (a higher
+// name), it lost its state while it reclaimed m.Peer (a wiped disk, restarted
 // under the same name): it takes the reclaim up again, as if the operator
 // ran rmpeer once more, with a new barrier (nothing is taken over before
 // every member it knows now has stopped listening to m.Peer). That also
@@ -299,14 +300,24 @@ func (p *Peer) stepRemoveNews(from PeerName, m *Remove) {
 	if x == p.cfg.Self || p.leave != nil || p.removedErr() != nil {
 		return
 	}
-	if _, ok := p.removed[x]; ok {
+	cur, ok := p.removed[x]
+	if ok && (cur == p.cfg.Self || (cur < p.cfg.Self && !p.isRemoved(cur))) {
 		return // this peer's record stands (its own, or another's that goes first)
 	}
 	if _, ok := p.withdrawing[x]; ok {
 		return // withdrawn here: the Withdraw is on its way to from
 	}
-	p.event(false, "ipalloc: %s records that this peer removes %s (weft rmpeer), which this peer had no record of: its state was lost "+
-		"while it reclaimed %s. Taking the reclaim up again (it waits for every peer that shares the ring, as a new rmpeer does)", from, x, x)
+	// A record of another reclaimer that does not go first (a higher
+	// name, learned after this peer lost its state) does not stand: that
+	// reclaimer gives way to from's record of this peer, from keeps
+	// waiting for this one, and nobody would take x over (make test-long
+	// seed 6037: three records in a ring, each naming the next).
+	had := "had no record of"
+	if ok {
+		had = "recorded as " + string(cur) + "'s, which goes after this peer's"
+	}
+	p.event(false, "ipalloc: %s records that this peer removes %s (weft rmpeer), which this peer %s: its state was lost "+
+		"while it reclaimed %s. Taking the reclaim up again (it waits for every peer that shares the ring, as a new rmpeer does)", from, x, had, x)
 	p.startRemoval(x)
 }
 
