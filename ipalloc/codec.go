@@ -180,9 +180,13 @@ type Want struct {
 // With Ask, the addressee answers with its own. A peer that starts without
 // state and owns ranges in the ring it learns asks every peer it hears
 // from, and waits for each member it learns of too (peer_rejoin.go).
+// An answer carries the addresses the sender's node uses that its state
+// does not own (InUse, as in a RemoveAck): the asker ends its hold on the
+// answers, so what it must give away comes with them.
 type Members struct {
 	Ask   bool
 	Peers []PeerName // sorted, unique
+	InUse []Address  // sorted, unique; only in an answer
 }
 
 func (*Members) kind() msgKind     { return kindMembers }
@@ -275,6 +279,9 @@ func EncodeMsg(m Msg) []byte {
 		b = binary.AppendUvarint(append(b, ask), uint64(len(m.Peers)))
 		for _, q := range m.Peers {
 			b = appendName(b, q)
+		}
+		if len(m.InUse) > 0 {
+			b = appendAddrs(b, m.InUse)
 		}
 	case *Handover:
 		b = binary.AppendUvarint(b, m.ID)
@@ -392,6 +399,12 @@ func DecodeMsg(data []byte) (Msg, error) {
 				d.fail("members: names not sorted and unique")
 			}
 			mm.Peers = append(mm.Peers, q)
+		}
+		if d.err == nil && len(d.b) > 0 {
+			mm.InUse = d.addrs()
+			if d.err == nil && len(mm.InUse) == 0 {
+				d.fail("members: an empty list of addresses in use")
+			}
 		}
 		m = mm
 	case kindHandover:

@@ -49,6 +49,8 @@ func testMsgs(t testing.TB) []Msg {
 		&Members{Ask: true, Peers: []PeerName{"node-b", "node-c"}},
 		&Members{Peers: []PeerName{"node-d"}},
 		&Members{Ask: true},
+		&Members{Peers: []PeerName{"node-d"}, InUse: []Address{r.Entries[1].Token, r.Entries[1].Token + 7}},
+		&Members{InUse: []Address{0xffffffff}},
 	}
 }
 
@@ -102,6 +104,8 @@ func TestCodecRefuses(t *testing.T) {
 		{"want past 32 bits", []byte{wireFormat, byte(kindWant), 2, 0xff, 0xff, 0xff, 0xff, 0x0f, 1}, "does not fit 32 bits"},
 		{"members unsorted", EncodeMsg(&Members{Peers: []PeerName{"b", "a"}}), "not sorted and unique"},
 		{"members bad flag", []byte{wireFormat, byte(kindMembers), 2, 0}, "flag 2"},
+		{"members in use empty", []byte{wireFormat, byte(kindMembers), 0, 0, 0}, "empty list of addresses"},
+		{"members in use unsorted", append(EncodeMsg(&Members{}), 2, 5, 0), "not sorted"},
 		{"want huge count", []byte{wireFormat, byte(kindWant), 0xff, 0xff, 0x03}, "more than the message can hold"},
 		{"remove ack bad member", EncodeMsg(&RemoveAck{Peer: "c", Ring: testRing(t), Members: []PeerName{"a b"}}), "printable ASCII"},
 		{"remove ack huge member count", append(EncodeMsg(&RemoveAck{Peer: "c", Ring: testRing(t)}), removeAckExtVersion, 0xff, 0x7f), "more than the message can hold"},

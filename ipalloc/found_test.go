@@ -222,3 +222,48 @@ func TestWantWhileHoldingBack(t *testing.T) {
 		t.Errorf("b's ring gives %s to %s, not a", wanted, o)
 	}
 }
+
+// TestMembersAnswerCarriesFoundPods (make test-long's seed 5585): every
+// disk is lost. a's node runs a pod at an address that a donation of b's
+// lost self gave it; the first claim both rebuild gives it to b. b ends
+// its hold on a's answer to its Members ask; a's Want for the address is
+// lost. The answer lists what a's node uses, and b gives the address to a
+// before it hands out anything, instead of to its own first pod.
+func TestMembersAnswerCarriesFoundPods(t *testing.T) {
+	c := newCluster(t, "10.32.0.0/26", seeded("a", "b"))
+	c.run(5)
+	bRanges := c.peers["b"].Owned()
+	if len(bRanges) == 0 {
+		t.Fatal("b owns nothing")
+	}
+	wanted := bRanges[0].Start // the first address b would hand out
+	c.drop = func(from, to PeerName, m Msg) bool {
+		_, want := m.(*Want)
+		return want
+	}
+
+	a := c.wipe("a", []PeerName{"b"})
+	b := c.wipe("b", []PeerName{"a"})
+	a.HoldFound(map[Key]Address{key(100): wanted})
+	c.ready("a")
+	for i := 0; i < 8; i++ {
+		b.Allocate(key(i))
+	}
+	c.ready("b")
+	if b.Status().Rejoin == "" || a.Status().Rejoin == "" {
+		t.Fatal("a or b does not hold back: the test tests nothing")
+	}
+	c.pushPull("a", "b")
+	c.run(3 * simTiming.RemoveRetry)
+	if st := b.Status().Rejoin; st != "" {
+		t.Fatalf("b still holds back: %q", st)
+	}
+	for i := 0; i < 8; i++ {
+		if ans, ok := c.answer[key(i)]; ok && ans.Err == nil && ans.Address == wanted {
+			t.Fatalf("b handed %s, in use on a's node, to %s; events: %v", wanted, key(i), c.events)
+		}
+	}
+	if got, ok := a.Lookup(key(100)); !ok || got != wanted {
+		t.Errorf("a does not hold %s for its pod (got %s, %v); events: %v", wanted, got, ok, c.events)
+	}
+}

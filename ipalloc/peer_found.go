@@ -93,8 +93,17 @@ func (p *Peer) stepWant(from PeerName, m *Want) {
 		if p.heldWants == nil {
 			p.heldWants = map[PeerName][]Address{}
 		}
-		if len(p.heldWants) < maxWireValue {
-			p.heldWants[from] = m.Addrs
+		// A Members answer lists every address from's node uses that its
+		// state does not own, a Want only those its ring gives to this
+		// peer: the union is kept.
+		if _, ok := p.heldWants[from]; ok || len(p.heldWants) < maxWireValue {
+			all := slices.Concat(p.heldWants[from], m.Addrs)
+			slices.Sort(all)
+			all = slices.Compact(all)
+			if len(all) > maxWireAddrs {
+				all = all[:maxWireAddrs]
+			}
+			p.heldWants[from] = all
 		}
 		return
 	}

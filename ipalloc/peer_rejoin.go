@@ -168,8 +168,16 @@ func (p *Peer) stepMembers(from PeerName, m *Members) {
 		}
 	}
 	if m.Ask {
-		p.send(from, &Members{Peers: p.memberList()})
+		p.send(from, &Members{Peers: p.memberList(), InUse: p.unownedFound()})
 		return
+	}
+	if len(m.InUse) > 0 {
+		// The answer ends this peer's wait for from: what from's node
+		// uses must be known before the hold ends, not after a Want of
+		// its own that may come later or be lost (make test-long's seed
+		// 5585: every disk lost, and the asker's first allocation after
+		// the hold took an address a pod of from's node used).
+		p.stepWant(from, &Want{Addrs: m.InUse})
 	}
 	if p.membersFrom == nil {
 		p.membersFrom = map[PeerName]bool{}

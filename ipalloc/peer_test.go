@@ -24,6 +24,8 @@ type cluster struct {
 	split  bool              // refused rings (seeded apart) are expected
 	// onRefuse, if set, says whether a refused message is expected.
 	onRefuse func(error) bool
+	// drop, if set, says whether a message is lost.
+	drop func(from, to PeerName, m Msg) bool
 }
 
 func newCluster(t *testing.T, universe string, inits map[PeerName]Init) *cluster {
@@ -97,6 +99,9 @@ func (c *cluster) run(ticks int) {
 			msg, err := DecodeMsg(m.data)
 			if err != nil {
 				c.t.Fatal(err)
+			}
+			if c.drop != nil && c.drop(m.from, m.to, msg) {
+				continue
 			}
 			if err := to.Step(m.from, msg); err != nil && !errors.Is(err, ErrRemovedPeer) && !(c.split && errors.Is(err, ErrSplitRing)) &&
 				(c.onRefuse == nil || !c.onRefuse(err)) {
