@@ -183,19 +183,26 @@ func TestRejoinWaitsForMembers(t *testing.T) {
 	}
 }
 
-// TestWantWhileHoldingBack (make test-long seed 7268): a's pod uses an
-// address in b's range; b, back without state, holds back when a's Want
-// arrives, and has allocations waiting. When its hold ends it must give
-// the address to a before it serves them, not hand it to one of them
-// while a's next retry is still on its way.
-func TestWantWhileHoldingBack(t *testing.T) {
+// newPairWanted starts seeds a and b and returns the first address b
+// would hand out.
+func newPairWanted(t *testing.T) (*cluster, Address) {
+	t.Helper()
 	c := newCluster(t, "10.32.0.0/26", seeded("a", "b"))
 	c.run(5)
 	bRanges := c.peers["b"].Owned()
 	if len(bRanges) == 0 {
 		t.Fatal("b owns nothing")
 	}
-	wanted := bRanges[0].Start // the first address b would hand out
+	return c, bRanges[0].Start
+}
+
+// TestWantWhileHoldingBack (make test-long seed 7268): a's pod uses an
+// address in b's range; b, back without state, holds back when a's Want
+// arrives, and has allocations waiting. When its hold ends it must give
+// the address to a before it serves them, not hand it to one of them
+// while a's next retry is still on its way.
+func TestWantWhileHoldingBack(t *testing.T) {
+	c, wanted := newPairWanted(t)
 
 	b := c.wipe("b", []PeerName{"a"})
 	if err := b.Step("a", &Want{Addrs: []Address{wanted}}); err != nil {
@@ -230,13 +237,7 @@ func TestWantWhileHoldingBack(t *testing.T) {
 // lost. The answer lists what a's node uses, and b gives the address to a
 // before it hands out anything, instead of to its own first pod.
 func TestMembersAnswerCarriesFoundPods(t *testing.T) {
-	c := newCluster(t, "10.32.0.0/26", seeded("a", "b"))
-	c.run(5)
-	bRanges := c.peers["b"].Owned()
-	if len(bRanges) == 0 {
-		t.Fatal("b owns nothing")
-	}
-	wanted := bRanges[0].Start // the first address b would hand out
+	c, wanted := newPairWanted(t)
 	c.drop = func(from, to PeerName, m Msg) bool {
 		_, want := m.(*Want)
 		return want
