@@ -94,6 +94,7 @@ demo: deps build
 # bench: benchmarks with their baselines, results for docs/benchmarks.md.
 bench: deps build
 	$(GO) run ./e2e/cmd/cnibench -n 100
+	$(GO) run ./e2e/cmd/cnibench -n 200 -c 20
 	$(GO) run ./mesh/cmd/meshbench -n 10,50,100 -loss 0,0.1 -runs 5 -idle 30s
 	$(GO) run ./e2e/cmd/scalebench -init seed -n 10,100,300 -idle 20s -timeout 120s
 	$(GO) run ./e2e/cmd/scalebench -init consensus -n 10,100 -idle 20s -timeout 120s

@@ -133,7 +133,7 @@ func build(ctx context.Context, cfg *Validated, log *slog.Logger, kernel Kernel,
 	if !loopback {
 		r.log.Warn("the status server listens beyond loopback; it is read-only, but anyone who can reach it can read this node's state", "http-addr", n.statusLn.Addr())
 	}
-	n.apiSrv, n.apiLn = newServer((&localAPI{r: r}).handler(), localAPILimits), limitListener(n.apiLn, localAPILimits.MaxConns)
+	n.apiSrv, n.apiLn = newLocalAPIServer(r), limitListener(n.apiLn, localAPILimits.MaxConns)
 	n.statusSrv, n.statusLn = newServer(r.statusHandler(loopback), statusLimits), limitListener(n.statusLn, statusLimits.MaxConns)
 	return n, nil
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -38,6 +39,14 @@ type localAPI struct {
 	r *Router
 }
 
+// newLocalAPIServer is the local API's server for r, with its limits;
+// serve it on limitListener(ln, localAPILimits.MaxConns).
+func newLocalAPIServer(r *Router) *http.Server {
+	srv := newServer((&localAPI{r: r}).handler(), localAPILimits)
+	srv.ConnContext = withAccepted
+	return srv
+}
+
 func (l *localAPI) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+api.PathIP, l.instrument("allocate", l.allocate))
@@ -67,7 +76,7 @@ func (l *localAPI) instrument(op string, h http.HandlerFunc) http.HandlerFunc {
 	ok := l.r.metrics.apiRequests.WithLabelValues(op, strconv.Itoa(http.StatusOK))
 	duration := l.r.metrics.apiDuration.WithLabelValues(op)
 	return func(w http.ResponseWriter, req *http.Request) {
-		start := time.Now()
+		start := requestStart(req)
 		sw := &statusWriter{ResponseWriter: w, code: http.StatusOK}
 		h(sw, req)
 		if sw.code == http.StatusOK {
@@ -77,6 +86,34 @@ func (l *localAPI) instrument(op string, h http.HandlerFunc) http.HandlerFunc {
 		}
 		duration.Observe(time.Since(start).Seconds())
 	}
+}
+
+// acceptedKey is the context key of a local API connection's *accepted.
+type acceptedKey struct{}
+
+// accepted is when a connection was accepted; the first request on it
+// takes it (a CNI plugin makes one request per connection), so that its
+// latency includes the wait for a goroutine and the read of the request,
+// which a busy router adds too.
+type accepted struct {
+	at    time.Time
+	taken bool // one goroutine serves a connection's requests: no lock
+}
+
+// withAccepted is the local API server's ConnContext: it runs in the
+// accept loop, as the connection is accepted.
+func withAccepted(ctx context.Context, _ net.Conn) context.Context {
+	return context.WithValue(ctx, acceptedKey{}, &accepted{at: time.Now()})
+}
+
+// requestStart is when req's latency starts: its connection's accept for
+// the connection's first request, now for any other.
+func requestStart(req *http.Request) time.Time {
+	if a, ok := req.Context().Value(acceptedKey{}).(*accepted); ok && !a.taken {
+		a.taken = true
+		return a.at
+	}
+	return time.Now()
 }
 
 // jsonContentType is the Content-Type of every answer (one shared value,

@@ -69,7 +69,7 @@ func newTestRouterClock(t testing.TB, rangeCIDR string) (*Router, *api.Client, *
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: (&localAPI{r: r}).handler()}
+	srv := newLocalAPIServer(r)
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
 	return r, api.NewClient(c.Socket), clk

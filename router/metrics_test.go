@@ -1,10 +1,15 @@
 package router
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"testing"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 
@@ -113,4 +118,72 @@ func TestMetricsHeapLive(t *testing.T) {
 	if v <= 0 {
 		t.Fatalf("go_gc_heap_live_bytes = %v, want > 0", v)
 	}
+}
+
+// TestLocalAPILatencyFromAccept: a local API request's latency starts at
+// its connection's accept, so that the wait of a connection a busy router
+// has accepted but not yet read is in the figure; a second request on the
+// same connection starts at its own handler.
+func TestLocalAPILatencyFromAccept(t *testing.T) {
+	r, _ := newTestRouter(t, "10.32.0.0/12")
+	r.setReady(true, "")
+	const delay = 500 * time.Millisecond
+	c, err := net.Dial("unix", r.cfg.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	get := func() {
+		t.Helper()
+		if _, err := io.WriteString(c, "GET "+api.PathReady+" HTTP/1.1\r\nHost: weft\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET %s: %s", api.PathReady, resp.Status)
+		}
+	}
+	time.Sleep(delay) // accepted, not yet read: the request's latency has begun
+	get()
+	get() // on the same connection: from its own start
+	h := histogram(t, r, "weft_local_api_request_duration_seconds", map[string]string{"op": "ready"})
+	if h.GetSampleCount() != 2 {
+		t.Fatalf("ready requests timed: %d, want 2", h.GetSampleCount())
+	}
+	if sum := h.GetSampleSum(); sum < delay.Seconds() || sum >= 2*delay.Seconds() {
+		t.Errorf("the two requests took %.3f s in all; want at least the %v between the first's accept and its request, and less than twice that (the second request's time starts at its handler, not again at the accept)", sum, delay)
+	}
+}
+
+// histogram is the histogram of name whose labels include labels.
+func histogram(t *testing.T, r *Router, name string, labels map[string]string) *dto.Histogram {
+	t.Helper()
+	fams, err := r.metrics.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if v, ok := labels[l.GetName()]; ok && v != l.GetValue() {
+					continue series
+				}
+			}
+			if m.Histogram != nil {
+				return m.Histogram
+			}
+		}
+	}
+	t.Fatalf("no histogram %s%v", name, labels)
+	return nil
 }

@@ -40,10 +40,61 @@ func Concurrent(b *testing.B, callers int, unit string, op func(i int) error) {
 	}
 	wg.Wait()
 	b.StopTimer()
+	report(b, lat)
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), unit+"/s")
+}
+
+// Bursts runs op(i) for i in [0, b.N) in bursts of size operations that
+// start at once, one goroutine each, released together; the next burst
+// starts when the last operation of the one before has ended. It is the
+// open case beside Concurrent's closed loop: size pods that a node starts
+// at the same moment, not size callers that never stop. It reports the
+// latency of every operation (p50-ms, p99-ms, max-ms) and, as
+// burst-ms, the median time from a burst's release to its last answer.
+// An error fails b.
+func Bursts(b *testing.B, size int, op func(i int) error) {
+	b.Helper()
+	lat := make([]time.Duration, b.N)
+	var whole []time.Duration
+	b.ResetTimer()
+	for first := 0; first < b.N; first += size {
+		n := min(size, b.N-first)
+		gate := make(chan struct{})
+		var ready, wg sync.WaitGroup
+		ready.Add(n)
+		for i := first; i < first+n; i++ {
+			wg.Go(func() {
+				ready.Done()
+				<-gate
+				start := time.Now()
+				err := op(i)
+				lat[i] = time.Since(start)
+				if err != nil {
+					b.Error(err)
+				}
+			})
+		}
+		ready.Wait() // every goroutine exists and waits: release them together
+		start := time.Now()
+		close(gate)
+		wg.Wait()
+		whole = append(whole, time.Since(start))
+		if b.Failed() {
+			return
+		}
+	}
+	b.StopTimer()
+	report(b, lat)
+	slices.Sort(whole)
+	b.ReportMetric(ms(whole[len(whole)/2]), "burst-ms")
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// report sorts lat and reports its p50, p99 and max in milliseconds.
+func report(b *testing.B, lat []time.Duration) {
 	slices.Sort(lat)
-	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 	b.ReportMetric(ms(lat[len(lat)/2]), "p50-ms")
 	b.ReportMetric(ms(lat[(len(lat)*99)/100]), "p99-ms")
 	b.ReportMetric(ms(lat[len(lat)-1]), "max-ms")
-	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), unit+"/s")
 }

@@ -2,11 +2,17 @@
 // runtime sees it: libcni in-process, the plugins run inside a node's network
 // namespace (the e2e package's runtime). It adds -n pods one after another,
 // then deletes them one after another, and prints a markdown table row per
-// configuration with the mean, median and 99th percentile.
+// configuration with the mean, median and 99th percentile. With -c, the
+// pods are added (and then deleted) in waves of c started at once, as on a
+// node that starts many pods together; for weft it then also prints the
+// router's own figure for the allocations: the latency of the local API's
+// allocate requests (from the accept of the plugin's connection to the
+// answer), from the router's weft_local_api_request_duration_seconds.
 //
 //	cnibench            # both configurations, side by side
 //	cnibench -ref       # the reference bridge + host-local plugins only
 //	cnibench -weft      # a weft router's conflist only (needs `make build`)
+//	cnibench -c 20      # waves of 20 ADDs at once, then of 20 DELs
 //
 // Needs root. Everything it makes lives in namespaces of its own and is
 // removed on exit, also on SIGINT and SIGTERM.
@@ -26,6 +32,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -37,6 +44,7 @@ func main() { os.Exit(run()) }
 
 func run() int {
 	n := flag.Int("n", 100, "pods per configuration, added then deleted one after another")
+	conc := flag.Int("c", 1, "CNI calls started at once: pods are added, then deleted, in waves of c, each wave when the one before has ended")
 	ref := flag.Bool("ref", false, "measure the reference bridge + host-local conflist")
 	weft := flag.Bool("weft", false, "measure the conflist a weft router writes")
 	refBin := flag.String("ref-bin", e2e.RefPluginDir, "directory of the reference CNI plugins")
@@ -50,6 +58,10 @@ func run() int {
 	}
 	if *n < 1 || *n > 5000 {
 		fmt.Fprintf(os.Stderr, "cnibench: -n is %d; give 1 to 5000 pods\n", *n)
+		return 2
+	}
+	if *conc < 1 || *conc > *n {
+		fmt.Fprintf(os.Stderr, "cnibench: -c is %d; give 1 to -n (%d) calls at once\n", *conc, *n)
 		return 2
 	}
 	if !*ref && !*weft {
@@ -84,12 +96,24 @@ func run() int {
 		return 1
 	}
 
-	fmt.Println("| conflist | pods | ADD mean | ADD p50 | ADD p99 | DEL mean | DEL p50 | DEL p99 |")
-	fmt.Println("|---|---|---|---|---|---|---|---|")
+	fmt.Println("| conflist | pods | at once | ADD mean | ADD p50 | ADD p99 | DEL mean | DEL p50 | DEL p99 |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|")
 	failed := false
+	var allocRows []string // the router's figures, a table of their own after this one
 	bench := func(label, podPrefix string, node *e2e.Node, err error) {
+		var before allocHist
+		if err == nil && node.Router() != nil {
+			before, err = allocations(ctx, node)
+		}
 		if err == nil && ctx.Err() == nil {
-			err = measure(ctx, node, label, podPrefix, *n)
+			err = measure(ctx, node, label, podPrefix, *n, *conc)
+		}
+		if err == nil && node.Router() != nil {
+			var after allocHist
+			after, err = allocations(ctx, node)
+			if err == nil {
+				allocRows = append(allocRows, after.since(before).row(label, *conc))
+			}
 		}
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "cnibench: %s: %v\n", label, err)
@@ -124,6 +148,14 @@ func run() int {
 			err = node.WriteConfList(router.ConfListName, conf)
 		}
 		bench("weft-cni + portmap (the conflist weft writes)", "wp", node, err)
+	}
+	if len(allocRows) > 0 {
+		fmt.Println()
+		fmt.Println("| the router's allocations (local API, accept to answer), conflist | allocations | ADDs at once | p50 | p99 | max bucket | at most 5 ms |")
+		fmt.Println("|---|---|---|---|---|---|---|")
+		for _, row := range allocRows {
+			fmt.Println(row)
+		}
 	}
 	if failed || ctx.Err() != nil {
 		return 1
@@ -168,42 +200,61 @@ func weftNode(ctx context.Context, c *e2e.Cluster, routerArgs []string) (*e2e.No
 	return node, nil
 }
 
-// measure adds n pods on node one after another, then deletes them, timing
-// each CNI call (making the pod's namespace is not timed), and prints a row.
-func measure(ctx context.Context, node *e2e.Node, label, podPrefix string, n int) error {
-	var add, del []time.Duration
+// measure adds n pods on node, then deletes them, c CNI calls at once
+// (waves of c released together, each when the one before has ended),
+// timing each call (making the pods' namespaces is not timed), and prints
+// a row.
+func measure(ctx context.Context, node *e2e.Node, label, podPrefix string, n, c int) error {
 	pods := make([]*e2e.Pod, 0, n)
 	for i := range n {
 		p, err := node.NewPod(ctx, fmt.Sprintf("%s%d", podPrefix, i))
 		if err != nil {
 			return err
 		}
-		start := time.Now()
-		err = node.Attach(ctx, p)
-		add = append(add, time.Since(start))
-		if err != nil {
-			return err
-		}
 		pods = append(pods, p)
 	}
-	var errs []error
-	for _, p := range pods {
-		start := time.Now()
-		err := node.DelPod(ctx, p)
-		del = append(del, time.Since(start))
-		if err != nil {
-			errs = append(errs, err)
-			if ctx.Err() != nil {
-				break
-			}
-		}
+	add, err := waves(pods, c, func(p *e2e.Pod) error { return node.Attach(ctx, p) })
+	if err != nil {
+		return err
 	}
-	if err := errors.Join(errs...); err != nil {
+	del, err := waves(pods, c, func(p *e2e.Pod) error { return node.DelPod(ctx, p) })
+	if err != nil {
 		return err
 	}
 	a, d := summarize(add), summarize(del)
-	fmt.Printf("| %s | %d | %s | %s | %s | %s | %s | %s |\n", label, n, ms(a.mean), ms(a.p50), ms(a.p99), ms(d.mean), ms(d.p50), ms(d.p99))
+	fmt.Printf("| %s | %d | %d | %s | %s | %s | %s | %s | %s |\n", label, n, c, ms(a.mean), ms(a.p50), ms(a.p99), ms(d.mean), ms(d.p50), ms(d.p99))
 	return nil
+}
+
+// waves runs call for every pod, c at once: each wave's calls wait on one
+// gate and are released together; the next wave starts when the last call
+// of this one has returned. It returns each call's duration, and the
+// errors of all calls.
+func waves(pods []*e2e.Pod, c int, call func(*e2e.Pod) error) ([]time.Duration, error) {
+	took := make([]time.Duration, len(pods))
+	errs := make([]error, len(pods))
+	for first := 0; first < len(pods); first += c {
+		wave := pods[first:min(first+c, len(pods))]
+		gate := make(chan struct{})
+		var ready, wg sync.WaitGroup
+		ready.Add(len(wave))
+		for i, p := range wave {
+			wg.Go(func() {
+				ready.Done()
+				<-gate
+				start := time.Now()
+				errs[first+i] = call(p)
+				took[first+i] = time.Since(start)
+			})
+		}
+		ready.Wait()
+		close(gate)
+		wg.Wait()
+		if err := errors.Join(errs[first : first+len(wave)]...); err != nil {
+			return nil, err
+		}
+	}
+	return took, nil
 }
 
 type summary struct{ mean, p50, p99 time.Duration }
