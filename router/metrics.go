@@ -43,7 +43,7 @@ func newMetrics(r *Router) *metrics {
 		}, []string{"op", "code"}),
 		apiDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "weft_local_api_request_duration_seconds",
-			Help:    "Time to answer a local API request, by operation: from the accept of its connection (the first request of a connection; a later one from its handler's start) to the answer's last byte written.",
+			Help:    "Time to answer a local API request, by operation: from the accept of its connection (for the first request of a connection; a later one from the start of its handler) to the end of the handler, which writes the answer.",
 			Buckets: apiBuckets,
 		}, []string{"op"}),
 		ipamSaves: prometheus.NewHistogramVec(prometheus.HistogramOpts{
