@@ -100,6 +100,7 @@ bench: deps build
 	$(GO) run ./e2e/cmd/scalebench -init consensus -n 10,100 -idle 20s -timeout 120s
 	$(GO) run ./e2e/cmd/scalebench -init seed -pods -n 64,100 -idle 20s -timeout 120s
 	$(GO) test -run '^$$' -bench Ring ./internal/scale/
+	$(GO) test -run '^$$' -bench MergeReports -benchtime 20x ./mesh/
 	$(GO) run ./tunnel/cmd/tunnelbench
 	$(GO) test -run '^$$' -bench 'VXLANPeers|SealedPeers|TableOwner' -benchtime 100x ./tunnel/
 	$(GO) run ./e2e/cmd/podbench

@@ -314,9 +314,7 @@ func (t *topologyGossiper) MergeRemoteState(data []byte) error {
 	if err != nil {
 		return err
 	}
-	for _, r := range reps {
-		(*Mesh)(t).applyReport(r)
-	}
+	(*Mesh)(t).applyReports(reps)
 	return nil
 }
 

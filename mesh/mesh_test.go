@@ -761,3 +761,42 @@ func TestPushPullWithOnePeer(t *testing.T) {
 		t.Errorf("PushPull with an unknown peer: %v, want ErrUnknownPeer", err)
 	}
 }
+
+// A push-pull's reports are taken in together, the peers' states derived
+// once: a report that makes a peer suspect and a goodbye of a peer already
+// unreachable, in one state, give both outcomes and their log lines.
+func TestMergeReportsTogether(t *testing.T) {
+	c := newCluster(t)
+	ps := startN(t, c, 3)
+	defer closeAll(t, ps...)
+	m := ps[0].m
+	m.onAlive("gone", netip.MustParseAddrPort("10.0.0.9:6783"), nil)
+	m.onDead("gone")
+	v := uint64(time.Now().UnixNano())
+	state := encodeReports([]report{
+		{Origin: "node2", Version: v, Unreachable: []PeerName{"node3"}},
+		{Origin: "gone", Version: v, Leaving: true},
+		{Origin: "stranger", Version: v, Unreachable: []PeerName{"node2"}}, // no peer: ignored
+	})
+	if err := (*topologyGossiper)(m).MergeRemoteState(state); err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := m.Peer("node3"); p.State != StateSuspect || !slices.Equal(p.UnreachableFrom, []PeerName{"node2"}) {
+		t.Errorf("node3 = %+v, want suspect, unreachable from node2", p)
+	}
+	if p, _ := m.Peer("node2"); p.State != StateAlive {
+		t.Errorf("node2 = %v, want alive (the stranger's report is not taken)", p.State)
+	}
+	if p, _ := m.Peer("gone"); p.State != StateLeft {
+		t.Errorf("gone = %v after its goodbye, want left", p.State)
+	}
+	for _, line := range []string{"peer node3(10.0.0.3) suspect: unreachable from node2", "peer gone(10.0.0.9) left"} {
+		if !ps[0].log.contains(line) {
+			t.Errorf("not logged: %q", line)
+		}
+	}
+	// The same state again is no news.
+	if n := m.applyReports([]report{{Origin: "node2", Version: v, Unreachable: []PeerName{"node3"}}}); n != 0 {
+		t.Errorf("a report seen already: %d news, want 0", n)
+	}
+}

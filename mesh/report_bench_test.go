@@ -1,0 +1,44 @@
+package mesh
+
+import (
+	"fmt"
+	"net/netip"
+	"testing"
+)
+
+// BenchmarkMergeReports* merge a push-pull's topology state from a cluster
+// of n peers, every report news (a newer version each round), into a peer
+// that knows them all: what each push-pull and each join costs a peer, and
+// why the peers' states are derived once per merge, not once per report.
+//
+//	go test ./mesh -run '^$' -bench MergeReports
+func BenchmarkMergeReports100(b *testing.B)  { mergeReports(b, 100) }
+func BenchmarkMergeReports300(b *testing.B)  { mergeReports(b, 300) }
+func BenchmarkMergeReports1000(b *testing.B) { mergeReports(b, 1000) }
+
+// mergeReports is one size of BenchmarkMergeReports (not sub-benchmarks:
+// the cluster helper's goroutine check would count b.Run's own goroutine).
+func mergeReports(b *testing.B, n int) {
+	c := newCluster(b)
+	p := c.start(1, Config{})
+	defer closeAll(b, p)
+	m := p.m
+	names := make([]PeerName, n)
+	for i := range n {
+		names[i] = PeerName(fmt.Sprintf("peer%04d", i))
+		m.onAlive(names[i], netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), 6783), nil)
+	}
+	reps := make([]report, n)
+	version := uint64(0)
+	b.ResetTimer()
+	for b.Loop() {
+		version++
+		for i := range reps {
+			// each peer finds the next unreachable: suspects to derive
+			reps[i] = report{Origin: names[i], Version: version, Unreachable: []PeerName{names[(i+1)%n]}}
+		}
+		if err := (*topologyGossiper)(m).MergeRemoteState(encodeReports(reps)); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
