@@ -40,10 +40,7 @@ func BenchmarkLocalAPIAllocate20Proc(b *testing.B) {
 	const clients = 20
 	r, _ := newTestRouter(b, "10.32.0.0/12")
 	r.setReady(true, "")
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); r.ipam.Run(ctx, nil) }()
-	b.Cleanup(func() { cancel(); <-done })
+	runAllocator(b, r)
 
 	out := filepath.Join(b.TempDir(), "latencies")
 	cmd := exec.Command(os.Args[0], "-test.run=^TestLocalAPILoadProcess$", "-test.count=1")

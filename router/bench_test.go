@@ -72,10 +72,7 @@ func BenchmarkLocalAPIAllocate20(b *testing.B) {
 func allocate20(b *testing.B, r *Router, cl *api.Client) {
 	const clients = 20
 	r.setReady(true, "")
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); r.ipam.Run(ctx, nil) }()
-	b.Cleanup(func() { cancel(); <-done })
+	ctx := runAllocator(b, r)
 
 	benchlat.Concurrent(b, clients, "allocs", func(i int) error {
 		att := api.Attachment{ContainerID: fmt.Sprintf("bench-%d", i), IfName: "eth0"}
@@ -100,10 +97,7 @@ func allocate20(b *testing.B, r *Router, cl *api.Client) {
 func BenchmarkLocalAPIAllocateBurst20(b *testing.B) {
 	r, cl := newTestRouter(b, "10.32.0.0/12")
 	r.setReady(true, "")
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); r.ipam.Run(ctx, nil) }()
-	b.Cleanup(func() { cancel(); <-done })
+	ctx := runAllocator(b, r)
 
 	benchlat.Bursts(b, 20, func(i int) error {
 		att := api.Attachment{ContainerID: fmt.Sprintf("burst-%d", i), IfName: "eth0"}

@@ -75,6 +75,17 @@ func newTestRouterClock(t testing.TB, rangeCIDR string) (*Router, *api.Client, *
 	return r, api.NewClient(c.Socket), clk
 }
 
+// runAllocator runs r's allocator loop (Service.Run) until tb ends, and
+// returns a context that ends with it.
+func runAllocator(tb testing.TB, r *Router) context.Context {
+	tb.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); r.ipam.Run(ctx, nil) }()
+	tb.Cleanup(func() { cancel(); <-done })
+	return ctx
+}
+
 func TestLocalAPI(t *testing.T) {
 	r, cl, clk := newTestRouterClock(t, "10.32.0.0/12")
 	ctx := context.Background()

@@ -2,7 +2,6 @@ package router
 
 import (
 	"bufio"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -21,6 +20,17 @@ import (
 // labels (counter, gauge, or a histogram's sample count), and whether the
 // registry has it.
 func metricValue(t *testing.T, r *Router, name string, labels map[string]string) (float64, bool) {
+	t.Helper()
+	m := series(t, r, name, labels)
+	if m == nil {
+		return 0, false
+	}
+	return value(m), true
+}
+
+// series is the first series of name whose labels include labels, nil if
+// the registry has none.
+func series(t *testing.T, r *Router, name string, labels map[string]string) *dto.Metric {
 	t.Helper()
 	fams, err := r.metrics.reg.Gather()
 	if err != nil {
@@ -41,10 +51,10 @@ func metricValue(t *testing.T, r *Router, name string, labels map[string]string)
 					continue series
 				}
 			}
-			return value(m), true
+			return m
 		}
 	}
-	return 0, false
+	return nil
 }
 
 func value(m *dto.Metric) float64 {
@@ -65,10 +75,7 @@ func value(m *dto.Metric) float64 {
 func TestIPAMLoopMetrics(t *testing.T) {
 	r, cl := newTestRouter(t, "10.32.0.0/12")
 	r.setReady(true, "")
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); r.ipam.Run(ctx, nil) }()
-	t.Cleanup(func() { cancel(); <-done })
+	ctx := runAllocator(t, r)
 
 	for i := range 3 {
 		att := api.Attachment{ContainerID: fmt.Sprintf("m%d", i), IfName: "eth0"}
@@ -164,26 +171,9 @@ func TestLocalAPILatencyFromAccept(t *testing.T) {
 // histogram is the histogram of name whose labels include labels.
 func histogram(t *testing.T, r *Router, name string, labels map[string]string) *dto.Histogram {
 	t.Helper()
-	fams, err := r.metrics.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
+	m := series(t, r, name, labels)
+	if m == nil || m.Histogram == nil {
+		t.Fatalf("no histogram %s%v", name, labels)
 	}
-	for _, f := range fams {
-		if f.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if v, ok := labels[l.GetName()]; ok && v != l.GetValue() {
-					continue series
-				}
-			}
-			if m.Histogram != nil {
-				return m.Histogram
-			}
-		}
-	}
-	t.Fatalf("no histogram %s%v", name, labels)
-	return nil
+	return m.Histogram
 }
