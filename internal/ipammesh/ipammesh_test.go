@@ -179,6 +179,11 @@ func TestSpreadRings(t *testing.T) {
 	// every other peer by unicast.
 	send(testRing(t, 301, owners, 7))
 	waitAll("unicast", 301)
+	// The sender counts a unicast once its stream has returned, which can
+	// be after the receiver has the ring: wait for the count too.
+	for tr.Spread().Sent < peers-1 && ctx.Err() == nil {
+		time.Sleep(10 * time.Millisecond) // polling the sender's count, bounded by ctx
+	}
 	if s := tr.Spread(); s.Rings != 1 || s.Sent < peers-1 {
 		t.Fatalf("after a change of this peer's ranges: %+v, want 1 spread by %d unicasts", s, peers-1)
 	}
