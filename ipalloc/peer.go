@@ -116,6 +116,9 @@ type Peer struct {
 	// membersAskAt: when it last asked each (peer_rejoin.go).
 	membersFrom  map[PeerName]bool
 	membersAskAt map[PeerName]int64
+	// askRemovedNext: where the next AskRemoved round starts among the
+	// peers it asks (peer_removal.go).
+	askRemovedNext int
 }
 
 // reportAgainAfter is how long (in ticks: 10 minutes with DefaultTiming's
@@ -830,6 +833,27 @@ func (p *Peer) paxosOut(out []PaxosOut) {
 	}
 	if v, ok := p.px.Chosen(); ok && p.a.ring.Empty() {
 		p.claim(v, fmt.Sprintf("consensus of %d", len(v)))
+		p.showClaim()
+	}
+}
+
+// showClaim sends the ring this peer just claimed from the chosen value to
+// every live peer. Each of them starts without a ring and holds back until
+// it has merged a claimed ring from every other owner (peer_rejoin.go); the
+// claim's ring is the same everywhere, so no broadcast carries it (a peer's
+// ranges did not change), and without these sends a peer of a fresh
+// consensus=100 cluster waited for the periodic push-pull with each of the
+// 99 others: no first address within minutes. A seed claim needs no such
+// send: the seed ring is there from the start, and AddPeer shows it to
+// each peer as it is learnt. One ring to each live peer: N(N-1) messages of
+// N entries over a cluster's first claim, once.
+func (p *Peer) showClaim() {
+	if p.a.ring.Empty() || !p.offersRing() {
+		return
+	}
+	r := p.a.Ring()
+	for _, q := range p.livePeers() {
+		p.send(q, &RingMsg{Ring: r})
 	}
 }
 
