@@ -1,6 +1,8 @@
 package ipalloc
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -148,5 +150,71 @@ func TestLearnedRemovalIsWithdrawn(t *testing.T) {
 	}
 	if _, ok := c.peers["b"].removed["x"]; ok {
 		t.Fatalf("b still records x as removed after a withdrew it")
+	}
+}
+
+// TestAskRemovedFanout: a peer that waits asks who is removed of at most
+// askRemovedFanout peers at each retry, and of every peer in turn. Asking
+// all of them each time cost N messages per waiting peer per retry, N² a
+// retry in a fresh cluster where every peer waits for a while (a fresh
+// consensus=200 cluster: 459,458 AskRemoved in two minutes, and no
+// settling).
+func TestAskRemovedFanout(t *testing.T) {
+	seeds := []PeerName{"p", "x"}
+	var others []PeerName
+	for i := range 20 {
+		others = append(others, PeerName(fmt.Sprintf("o%02d", i)))
+	}
+	u := rangeOf("10.32.0.0/24")
+	p, err := NewPeer(PeerConfig{Self: "p", Universe: u, Init: Init{Seeds: seeds}, Peers: append(slices.Clone(others), "x"),
+		Timing: simTiming, Rand: rand.New(rand.NewPCG(1, 2))}, HardState{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ring := NewRing(u)
+	if err := ring.ClaimEvenly(seeds); err != nil {
+		t.Fatal(err)
+	}
+	// p starts without state: it holds back until it has heard from every
+	// owner and live peer. Every other peer shows it the ring; x, an
+	// owner, never does (it is down), so p waits for x alone.
+	for _, q := range others {
+		if err := p.Step(q, &RingMsg{Ring: ring.Clone()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.Ready()
+	if w := p.waited(); !slices.Equal(w, []PeerName{"x"}) {
+		t.Fatalf("p waits for %v, want [x]", w)
+	}
+	asked := map[PeerName]int{}
+	for retry := range 3 {
+		for range simTiming.RemoveRetry {
+			p.Tick()
+		}
+		n := 0
+		for _, m := range p.Ready().Messages {
+			a, ok := m.Msg.(*AskRemoved)
+			if !ok {
+				continue
+			}
+			n++
+			asked[m.To]++
+			if !slices.Equal(a.Peers, []PeerName{"x"}) {
+				t.Errorf("asked %s about %v, want [x]", m.To, a.Peers)
+			}
+		}
+		if n != askRemovedFanout {
+			t.Errorf("retry %d: %d AskRemoved sent, want %d", retry, n, askRemovedFanout)
+		}
+	}
+	// 3 rounds of 8 cover the 20 in turn: each once, 4 of them twice.
+	for _, q := range others {
+		if asked[q] < 1 || asked[q] > 2 {
+			t.Errorf("%s asked %d times in 3 rounds, want 1 or 2 (in turn): %v", q, asked[q], asked)
+		}
+	}
+	if asked["x"] != 0 {
+		t.Errorf("x, the peer waited for, was asked %d times", asked["x"])
 	}
 }

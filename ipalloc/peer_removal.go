@@ -386,8 +386,18 @@ func (p *Peer) waited() []PeerName {
 	return slices.Sorted(maps.Keys(w))
 }
 
-// askRemoved sends AskRemoved for the peers this one waits for to every
-// live member and known peer it does not wait for.
+// askRemovedFanout bounds the peers asked at each retry. Asking every live
+// member each time cost N messages per waiting peer per retry: a fresh
+// consensus=200 cluster, where every peer waits for the others' rings for
+// a while, sent 459,458 AskRemoved in two minutes and never settled. The
+// peers asked rotate, so that each is asked within N/askRemovedFanout
+// retries; a cluster of up to askRemovedFanout+1 peers asks them all at
+// once, as before.
+const askRemovedFanout = 8
+
+// askRemoved sends AskRemoved for the peers this one waits for to the next
+// askRemovedFanout of the live members and known peers it does not wait
+// for (all of them, in turn).
 func (p *Peer) askRemoved() {
 	if p.leave != nil || p.removedErr() != nil {
 		return
@@ -403,10 +413,19 @@ func (p *Peer) askRemoved() {
 	for q := range p.known {
 		ask[q] = true
 	}
+	var to []PeerName
 	for _, q := range slices.Sorted(maps.Keys(ask)) {
 		if p.live(q) && !slices.Contains(waits, q) {
-			p.send(q, &AskRemoved{Peers: waits})
+			to = append(to, q)
 		}
+	}
+	if len(to) > askRemovedFanout {
+		start := p.askRemovedNext % len(to)
+		to = append(to[start:], to[:start]...)[:askRemovedFanout]
+		p.askRemovedNext = start + askRemovedFanout
+	}
+	for _, q := range to {
+		p.send(q, &AskRemoved{Peers: waits})
 	}
 }
 
