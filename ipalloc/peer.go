@@ -847,12 +847,23 @@ func (p *Peer) paxosOut(out []PaxosOut) {
 // send: the seed ring is there from the start, and AddPeer shows it to
 // each peer as it is learnt. One ring to each live peer: N(N-1) messages of
 // N entries over a cluster's first claim, once.
+//
+// The hold of a peer that owns ranges also waits for every owner's members
+// (the answer to a Members ask, peer_rejoin.go), and each peer of a fresh
+// consensus cluster owns ranges: so the answer goes along unasked, before
+// the ring (the receiver asks an owner whose ring it merged unless it has
+// its members already). That saves the N(N-1) asks, and their repeats
+// every RemoveRetry on a mesh too busy to answer in time (a fresh
+// consensus=200 cluster on 2 cores: 251,294 Members delivered in two
+// minutes, and no hold ended).
 func (p *Peer) showClaim() {
 	if p.a.ring.Empty() || !p.offersRing() {
 		return
 	}
 	r := p.a.Ring()
+	members := &Members{Peers: p.memberList(), InUse: p.unownedFound()}
 	for _, q := range p.livePeers() {
+		p.send(q, members)
 		p.send(q, &RingMsg{Ring: r})
 	}
 }
