@@ -421,7 +421,7 @@ func (p *Peer) askRemoved() {
 	}
 	if len(to) > askRemovedFanout {
 		start := p.askRemovedNext % len(to)
-		to = append(to[start:], to[:start]...)[:askRemovedFanout]
+		to = slices.Concat(to[start:], to[:start])[:askRemovedFanout]
 		p.askRemovedNext = start + askRemovedFanout
 	}
 	for _, q := range to {
