@@ -218,3 +218,50 @@ func TestAskRemovedFanout(t *testing.T) {
 		t.Errorf("x, the peer waited for, was asked %d times", asked["x"])
 	}
 }
+
+// TestLateWithdrawAfterTakeover (make test-long seed 6049): a has taken x's
+// ranges over, and its barrier left out y because a had learned that b
+// removes y. Then a Withdraw of y from b arrives late (b sent it while it
+// had lost its state and so answered an acknowledgement with a
+// withdrawal; it took its removal of y up again since). a listens to y
+// again, so its reclaim record of x waits for y's acknowledgement, which
+// the dead y never sends. The old code asked who is removed only for
+// reclaims not yet taken over: a waited for y for good. Now it asks,
+// learns again that b removes y, and the record closes.
+func TestLateWithdrawAfterTakeover(t *testing.T) {
+	c := newCluster(t, "10.32.0.0/24", seeded("a", "b", "c", "x", "y"))
+	c.run(5)
+	c.peers["x"], c.peers["y"] = nil, nil // both die
+	if err := c.peers["b"].PeerGone("y"); err != nil {
+		t.Fatal(err)
+	}
+	c.ready("b")
+	if err := c.peers["a"].PeerGone("x"); err != nil {
+		t.Fatal(err)
+	}
+	c.ready("a")
+	c.run(6 * simTiming.RemoveRetry)
+	a := c.peers["a"]
+	if a.removed["y"] != "b" || !a.reclaimed["x"] || len(a.Status().Reclaims["x"]) != 0 {
+		t.Fatalf("a: removed %v, reclaimed %v, reclaim of x waits for %v; want x taken over, y removed by b",
+			a.removed, a.reclaimed, a.Status().Reclaims["x"])
+	}
+	// b's late Withdraw of y.
+	if err := a.Step("b", &Withdraw{Peer: "y"}); err != nil {
+		t.Fatal(err)
+	}
+	c.ready("a")
+	if _, ok := a.removed["y"]; ok {
+		t.Fatalf("a still records y as removed after b's Withdraw: the setup is wrong")
+	}
+	if got := a.Status().Reclaims["x"]; !slices.Equal(got, []PeerName{"y"}) {
+		t.Fatalf("a's reclaim of x waits for %v, want [y]", got)
+	}
+	c.run(4 * simTiming.RemoveRetry)
+	if a.removed["y"] != "b" {
+		t.Errorf("a did not learn again that b removes y: %v", a.removed)
+	}
+	if got := a.Status().Reclaims["x"]; len(got) != 0 {
+		t.Errorf("a's reclaim of x still waits for %v", got)
+	}
+}

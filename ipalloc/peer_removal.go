@@ -363,9 +363,12 @@ func (p *Peer) stepWithdrawAck(from PeerName, m *WithdrawAck) {
 // removal since answers that acknowledgement with a Withdraw (stepRemoveAck),
 // so what it learned is called off as it would be for any member.
 
-// waited lists the peers this peer waits for: the members of its open
-// barriers that have not acknowledged, and those its rejoin or its start
-// hold waits for.
+// waited lists the peers this peer waits for: the members of its barriers
+// that have not acknowledged (also after the takeover: a member whose
+// removal this peer had learned, and which a late Withdraw of its
+// reclaimer made a member again, holds the reclaim open until it asks:
+// make test-long's seed 6049), and those its rejoin or its start hold
+// waits for.
 func (p *Peer) waited() []PeerName {
 	w := map[PeerName]bool{}
 	for _, q := range p.rejoinWaits() {
@@ -377,7 +380,7 @@ func (p *Peer) waited() []PeerName {
 		}
 	}
 	for x := range p.acks {
-		if p.removed[x] == p.cfg.Self && !p.reclaimed[x] {
+		if p.removed[x] == p.cfg.Self {
 			for _, q := range p.waitingFor(x) {
 				w[q] = true
 			}
