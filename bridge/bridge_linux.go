@@ -496,6 +496,14 @@ func (n *netNS) ensureNFT(cfg Config, log *slog.Logger, info *Info) error {
 		for _, r := range guardRules(t, in, gfwd, peers, own, cfg) {
 			c.AddRule(r)
 		}
+		if port := cfg.Guard.VXLANPort; port != 0 {
+			pre, out := notrackChainsOf(t)
+			c.AddChain(pre)
+			c.AddChain(out)
+			for _, r := range notrackRules(t, pre, out, peers, port) {
+				c.AddRule(r)
+			}
+		}
 		c.AddTable(bt)
 		c.DelTable(bt)
 		c.AddTable(bt)
@@ -555,6 +563,11 @@ func wantedChains(cfg Config) []chainSpec {
 		chains = append(chains, in, gfwd, pch)
 		rs = append(rs, guardRules(t, in, gfwd, newPeersSet(t), newOwnSet(t), cfg)...)
 		rs = append(rs, podRules(bt, pch, newPodsSet(bt))...)
+		if port := cfg.Guard.VXLANPort; port != 0 {
+			pre, out := notrackChainsOf(t)
+			chains = append(chains, pre, out)
+			rs = append(rs, notrackRules(t, pre, out, newPeersSet(t), port)...)
+		}
 	}
 	specs := make([]chainSpec, len(chains))
 	for i, ch := range chains {

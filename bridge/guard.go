@@ -15,6 +15,16 @@ package bridge
 //     may not come from outside the pod range, nor from this node's own
 //     ranges of the ring (set own), nor open a connection to outside the
 //     pod range, at input and forward alike.
+//   - table ip weft, chains vxlan-notrack-prerouting and -output (with a
+//     VXLAN port): the VXLAN packets between this node and its peers (set
+//     peers) are not tracked by conntrack. VXLAN's flows are one-way (both
+//     ends send to the same port from a source port hashed per inner flow),
+//     so every outer flow would be a conntrack entry that is never replied
+//     to: a lookup per packet at each end and a table filled with
+//     UNREPLIED entries, for nothing a rule could use (Calico, OpenShift SDN
+//     and Cilium do the same). Only packets to this node's own addresses
+//     (fib daddr type local) and from its own sockets are untracked: VXLAN
+//     that the node forwards for others is tracked as before.
 //   - table bridge weft, chain prerouting: a frame that a pod sends into
 //     its veth leaves it only with the pod's own IPv4 address (set pods:
 //     host veth . address), as an IPv4 source or an ARP sender; any other
@@ -34,6 +44,8 @@ import (
 const (
 	guardInputChain   = "guard-input"
 	guardForwardChain = "guard-forward"
+	notrackPreChain   = "vxlan-notrack-prerouting" // of table ip weft, with a VXLAN port
+	notrackOutChain   = "vxlan-notrack-output"     // of table ip weft, with a VXLAN port
 	podsChain         = "prerouting" // of table bridge weft
 	peersSet          = "peers"      // of table ip weft
 	ownSet            = "own"        // of table ip weft: this node's ranges of the ring
@@ -55,7 +67,8 @@ type Guard struct {
 	IPIPPeersOnly bool
 	// VXLANPort is the port of the kernel VXLAN device where the node
 	// runs --encap vxlan (0: none): pods may not send to it, and VXLAN
-	// is taken only from addresses in the peers set, as IPIP.
+	// is taken only from addresses in the peers set, as IPIP; VXLAN
+	// between this node and the peers set is not tracked by conntrack.
 	VXLANPort uint16
 	// VXLANDevice is the name of that device ("" without one): what
 	// arrives on it is dropped when its source is outside the pod range

@@ -95,6 +95,42 @@ func guardChainsOf(t *nftables.Table) (in, fwd *nftables.Chain) {
 	return in, fwd
 }
 
+// notrackChainsOf are the chains that exempt weft's VXLAN from
+// conntrack (with a VXLAN port): at the raw priority, before conntrack
+// looks a packet up.
+func notrackChainsOf(t *nftables.Table) (pre, out *nftables.Chain) {
+	accept := nftables.ChainPolicyAccept
+	pre = &nftables.Chain{Name: notrackPreChain, Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityRaw, Policy: &accept}
+	out = &nftables.Chain{Name: notrackOutChain, Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityRaw, Policy: &accept}
+	return pre, out
+}
+
+// notrackRules are the rules of the notrack chains:
+//
+//	prerouting: ip saddr @peers udp dport <port> fib daddr type local notrack
+//	output:     ip daddr @peers udp dport <port> notrack
+func notrackRules(t *nftables.Table, pre, out *nftables.Chain, peers *nftables.Set, port uint16) []*nftables.Rule {
+	inPeers := func(offset uint32) []expr.Any {
+		return []expr.Any{
+			&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
+			&expr.Lookup{SourceRegister: reg1, SetName: peers.Name, SetID: peers.ID},
+		}
+	}
+	vxlan := slices.Concat(l4proto(unix.IPPROTO_UDP), dport(port))
+	local := []expr.Any{
+		&expr.Fib{Register: reg1, FlagDADDR: true, ResultADDRTYPE: true},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binary.NativeEndian.AppendUint32(nil, unix.RTN_LOCAL)},
+	}
+	return []*nftables.Rule{
+		{Table: t, Chain: pre, Exprs: slices.Concat(inPeers(ipv4SrcOffset), vxlan, local, []expr.Any{&expr.Notrack{}}),
+			UserData: comment(fmt.Sprintf("weft: vxlan (udp/%d) from @%s to this node, untracked: one-way flows", port, peersSet))},
+		{Table: t, Chain: out, Exprs: slices.Concat(inPeers(ipv4DstOffset), vxlan, []expr.Any{&expr.Notrack{}}),
+			UserData: comment(fmt.Sprintf("weft: vxlan (udp/%d) from this node to @%s, untracked: one-way flows", port, peersSet))},
+	}
+}
+
 // iifname matches the input interface's name exactly (nft's
 // iifname "name": the name padded with zeros to IFNAMSIZ).
 func iifname(name string) []expr.Any {

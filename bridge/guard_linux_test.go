@@ -850,3 +850,148 @@ func TestGuardDropsVXLANNotToPods(t *testing.T) {
 		t.Errorf("counted %d as vxlan-spoofed-source: %v", c[DropVXLANSpoofedSource], c)
 	}
 }
+
+// underlayPeer makes a namespace joined to the node's by a veth: the
+// node's end, dev, has node/24, the peer's end peer/24, and the peer
+// routes the pod range through the node.
+func (e *env) underlayPeer(t testing.TB, dev string, node, peer netip.Prefix) ns.NetNS {
+	t.Helper()
+	n := newNS(t)
+	l, pname := e.veth(t, dev, nil)
+	e.addAddr(t, l, node.String())
+	if err := e.h.LinkSetUp(l); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.h.LinkSetNsFd(e.link(t, pname), int(n.Fd())); err != nil {
+		t.Fatal(err)
+	}
+	err := n.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName(pname)
+		if err != nil {
+			return err
+		}
+		if err := netlink.AddrAdd(l, toAddr(peer)); err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(l); err != nil {
+			return err
+		}
+		return netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: prefixNet(e.cfg.PodRange), Gw: node.Addr().AsSlice()})
+	})
+	if err != nil {
+		t.Fatalf("setting up the underlay peer: %v", err)
+	}
+	return n
+}
+
+func prefixNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// sendUDP sends data from a UDP socket in n to dst.
+func sendUDP(t testing.TB, n ns.NetNS, dst netip.AddrPort, data string) {
+	t.Helper()
+	err := n.Do(func(ns.NetNS) error {
+		c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(dst))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_, err = c.Write([]byte(data))
+		return err
+	})
+	if err != nil {
+		t.Fatalf("send to %s: %v", dst, err)
+	}
+}
+
+// tracked lists the UDP flows in the conntrack table of the node's
+// namespace, as "src -> dst:dport" of their original direction.
+func (e *env) tracked(t testing.TB) []string {
+	t.Helper()
+	flows, err := e.h.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
+	if err != nil {
+		t.Fatalf("conntrack table: %v", err)
+	}
+	var out []string
+	for _, f := range flows {
+		if f.Forward.Protocol == unix.IPPROTO_UDP {
+			out = append(out, fmt.Sprintf("%s -> %s:%d", f.Forward.SrcIP, f.Forward.DstIP, f.Forward.DstPort))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestGuardVXLANUntracked, on the real kernel: VXLAN (udp to the VXLAN
+// port) between the node and an address of the peers set is not tracked
+// by conntrack, in either direction, while other UDP between the same
+// addresses is; VXLAN that the node forwards (to a pod here: not to one
+// of its own addresses) is tracked, and so is VXLAN to an address that
+// has left the peers set.
+func TestGuardVXLANUntracked(t *testing.T) {
+	e := newEnv(t)
+	e.guarded()
+	e.cfg.Guard.VXLANPort = 4789
+	e.ensure(t)
+	nodeAddr, peerAddr := netip.MustParsePrefix("192.0.2.1/24"), netip.MustParsePrefix("192.0.2.2/24")
+	node, peer := nodeAddr.Addr(), peerAddr.Addr()
+	p := e.underlayPeer(t, uniqueName(t, "wu-"), nodeAddr, peerAddr)
+	a := e.addPod(t, "weftaaaaaaaaaaa", netip.MustParseAddr("10.32.0.5"))
+	if _, _, err := SetPodSources(e.ns.Path(), []PodSource{{a.veth, a.addr}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := SetPeerAddrs(e.ns.Path(), []netip.Addr{peer}); err != nil {
+		t.Fatal(err)
+	}
+	nodeNS, err := ns.GetNS(e.ns.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nodeNS.Close()
+	atNode, atNode2 := listen(t, nodeNS, 4789), listen(t, nodeNS, 4790)
+	atPeer, atPeer2 := listen(t, p, 4789), listen(t, p, 4790)
+	atPod := listen(t, a.ns, 4789)
+	got := func(ch <-chan string, what string) {
+		t.Helper()
+		select {
+		case s := <-ch:
+			if !strings.HasSuffix(s, " "+what) {
+				t.Fatalf("received %q, want %q", s, what)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no %q within 10s", what)
+		}
+	}
+
+	sendUDP(t, p, netip.AddrPortFrom(node, 4789), "vxlan in")
+	got(atNode, "vxlan in")
+	sendUDP(t, p, netip.AddrPortFrom(node, 4790), "other in")
+	got(atNode2, "other in")
+	sendUDP(t, nodeNS, netip.AddrPortFrom(peer, 4789), "vxlan out")
+	got(atPeer, "vxlan out")
+	sendUDP(t, nodeNS, netip.AddrPortFrom(peer, 4790), "other out")
+	got(atPeer2, "other out")
+	sendUDP(t, p, netip.AddrPortFrom(a.addr, 4789), "vxlan forwarded")
+	got(atPod, "vxlan forwarded")
+	want := []string{
+		fmt.Sprintf("%s -> %s:4789", peer, a.addr), // forwarded, not to this node
+		fmt.Sprintf("%s -> %s:4790", node, peer),
+		fmt.Sprintf("%s -> %s:4790", peer, node),
+	}
+	slices.Sort(want)
+	if have := e.tracked(t); !slices.Equal(have, want) {
+		t.Errorf("tracked UDP flows:\n  %s\nwant:\n  %s", strings.Join(have, "\n  "), strings.Join(want, "\n  "))
+	}
+
+	// The peer leaves the set: what the node sends to it is tracked again
+	// (and what it sends is dropped as from no peer).
+	if _, _, err := SetPeerAddrs(e.ns.Path(), nil); err != nil {
+		t.Fatal(err)
+	}
+	sendUDP(t, nodeNS, netip.AddrPortFrom(peer, 4789), "vxlan out, no peer")
+	got(atPeer, "vxlan out, no peer")
+	if have, w := e.tracked(t), fmt.Sprintf("%s -> %s:4789", node, peer); !slices.Contains(have, w) {
+		t.Errorf("tracked UDP flows after the peer left the set:\n  %s\nwant among them %s", strings.Join(have, "\n  "), w)
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/weft-net/weft/internal/syncbuf"
 	"github.com/weft-net/weft/tunnel"
@@ -258,6 +259,29 @@ func TestVXLAN(t *testing.T) {
 		cancel()
 		if err != nil {
 			t.Fatalf("10 MB from %s to %s: %v\n%s", from, to, err, routerLogs(c))
+		}
+	}
+	// VXLAN between the nodes is not tracked by conntrack (its flows are
+	// one-way); the pods' connections that it carried are.
+	for _, n := range c.Nodes {
+		var vx, podTCP int
+		err := n.NS.WithHandle(func(h *netlink.Handle) error {
+			flows, err := h.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
+			for _, f := range flows {
+				switch {
+				case f.Forward.Protocol == unix.IPPROTO_UDP && (f.Forward.DstPort == 4789 || f.Reverse.DstPort == 4789):
+					vx++
+				case f.Forward.Protocol == unix.IPPROTO_TCP && slices.ContainsFunc(pods, func(p *Pod) bool { return net.IP(p.IP.AsSlice()).Equal(f.Forward.SrcIP) }):
+					podTCP++
+				}
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatalf("%s: conntrack table: %v", n.Name, err)
+		}
+		if vx != 0 || podTCP == 0 {
+			t.Errorf("%s: %d conntrack entries of VXLAN (udp/4789), want none; %d of the pods' TCP, want some", n.Name, vx, podTCP)
 		}
 	}
 
