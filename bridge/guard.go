@@ -46,10 +46,10 @@ const (
 	guardForwardChain = "guard-forward"
 	notrackPreChain   = "vxlan-notrack-prerouting" // of table ip weft, with a VXLAN port
 	notrackOutChain   = "vxlan-notrack-output"     // of table ip weft, with a VXLAN port
-	podsChain         = "prerouting" // of table bridge weft
-	peersSet          = "peers"      // of table ip weft
-	ownSet            = "own"        // of table ip weft: this node's ranges of the ring
-	podsSet           = "pods"       // of table bridge weft
+	podsChain         = "prerouting"               // of table bridge weft
+	peersSet          = "peers"                    // of table ip weft
+	ownSet            = "own"                      // of table ip weft: this node's ranges of the ring
+	podsSet           = "pods"                     // of table bridge weft
 
 	// PodVethPrefix starts the name of every host end of a pod veth
 	// (cni.HostVethName): the bridge ports the anti-spoofing rules apply to.
