@@ -97,10 +97,11 @@ type Peer struct {
 	// claimed ring from a live peer since (peer_stale.go): its disk may
 	// be older than what the peers know of it, so it holds back.
 	startHold  bool
-	stale      string          // why its saved state was found older than what a peer knows (peer_stale.go); empty: it was not
-	unseenSaid bool            // ringUnseen has said why no reclaim completes
-	nodeFound  map[Key]Address // what HoldFound showed in use on the node, less what was released since
-	since      map[Key]bool    // keys allocated (or held as found) since this peer started
+	stale      string            // why its saved state was found older than what a peer knows (peer_stale.go); empty: it was not
+	unseenSaid bool              // ringUnseen has said why no reclaim completes
+	staleSaid  map[PeerName]bool // staleFor has said why the takeover of this peer waits
+	nodeFound  map[Key]Address   // what HoldFound showed in use on the node, less what was released since
+	since      map[Key]bool      // keys allocated (or held as found) since this peer started
 	// foundSaved: found entries that are allocations of a saved state
 	// found stale, not pods the node showed.
 	foundSaved map[Key]bool

@@ -221,7 +221,7 @@ func (p *Peer) completeReclaims() {
 			delete(p.acks, x)
 			continue
 		}
-		if len(p.waitingFor(x)) > 0 {
+		if len(p.waitingFor(x)) > 0 || p.staleFor(x) {
 			continue
 		}
 		n, err := p.a.Reclaim(x)
@@ -344,6 +344,61 @@ func (p *Peer) ringUnseen() bool {
 		p.event(true, "ipalloc: rmpeer waits: this node's pods use %d addresses, but the ring this peer has is still the first claim, "+
 			"so the cluster's ring has moved on and no peer heard since knows it (this peer's state was lost?); "+
 			"the takeover waits until a peer that has the cluster's ring is reachable (start the routers that are down)", len(p.nodeFound))
+	}
+	return true
+}
+
+// staleFor reports whether this peer's ring cannot hold the cluster's
+// word on x's ranges, and if so says once why their takeover waits: an
+// address that this node uses (HoldFound) or that an acknowledger of x's
+// removal reports in use on its node lies in an entry of x still at
+// version 1, as the first claim made it. Whoever handed that address out
+// changed the entry (its free count, a donation), so the ring that saw it
+// is one that no peer heard since has given this peer: the peers that
+// know it are down, and this peer and the peers it hears lost their
+// state (ringUnseen's case, also after an acknowledger that lost its
+// state too has moved its own entries on: its ring proves nothing about
+// x's). Taking x's ranges over on this ring would take an address that
+// x gave away, and that a peer that is down holds (make test-long seed
+// 18083). Only a ring that has x's entries moved on ends the wait: the
+// takeover or a removal of x by that ring's peers.
+func (p *Peer) staleFor(x PeerName) bool {
+	r := p.a.ring
+	pristine := func(a Address) bool {
+		e, ok := r.EntryOf(a)
+		return ok && e.Peer == x && e.Version == 1
+	}
+	var at Address
+	where, stale := "", false
+	note := func(a Address, on string) {
+		if !stale || a < at {
+			at, where, stale = a, on, true
+		}
+	}
+	for _, a := range p.nodeFound {
+		if pristine(a) {
+			note(a, "on this node")
+		}
+	}
+	for q, as := range p.ackInUse[x] {
+		for _, a := range as {
+			if pristine(a) {
+				note(a, "on "+string(q)+"'s node")
+			}
+		}
+	}
+	if !stale {
+		delete(p.staleSaid, x)
+		return false
+	}
+	if !p.staleSaid[x] {
+		if p.staleSaid == nil {
+			p.staleSaid = map[PeerName]bool{}
+		}
+		p.staleSaid[x] = true
+		p.event(true, "ipalloc: rmpeer of %s waits: %s is in use %s, inside a range of %s that this peer's ring still has as the first claim made it, "+
+			"so whoever handed it out changed that range in a ring that no peer heard since knows (their state was lost?); "+
+			"the takeover waits until a peer that has the cluster's ring is reachable (start the routers that are down)", x, at, where, x)
 	}
 	return true
 }

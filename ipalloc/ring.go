@@ -216,6 +216,19 @@ func (r *Ring) Owner(a Address) (PeerName, bool) {
 	return r.Entries[i].Peer, true
 }
 
+// EntryOf returns the entry whose range holds a, or false when a is
+// outside the universe or the ring is empty.
+func (r *Ring) EntryOf(a Address) (Entry, bool) {
+	if !r.Universe.Contains(a) || r.Empty() {
+		return Entry{}, false
+	}
+	i := sort.Search(len(r.Entries), func(i int) bool { return r.Entries[i].Token > a }) - 1
+	if i < 0 {
+		return Entry{}, false
+	}
+	return r.Entries[i], true
+}
+
 // Share is one owner's part of the ring, for status.
 type Share struct {
 	Peer PeerName

@@ -520,6 +520,10 @@ func (s *sim) explained(sp *simPeer, text string) bool {
 		// A peer that lost its state hears only peers as new as it is
 		// (ringUnseen, seed 8935).
 		return sp.lostState
+	case strings.Contains(text, "that this peer's ring still has as the first claim made it"):
+		// The same, when a peer it hears lost its state too and moved
+		// its own entries on since (staleFor, seed 18083).
+		return sp.lostState
 	case strings.Contains(text, "refused the ring from ") && s.fromRemovedLive(text):
 		// A ring from a peer removed while alive: until it heard of its
 		// removal, it went on changing its ranges (a donation), and its

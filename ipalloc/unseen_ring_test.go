@@ -80,3 +80,88 @@ func TestReclaimWaitsForTheClustersRing(t *testing.T) {
 		}
 	}
 }
+
+// TestReclaimWaitsWhenTheAckerLostStateToo (make test-long seed 18083):
+// x and q made the first claim; x gave a and b space, and both allocated.
+// x dies and b is down; a and q both lose their disks, with their pods
+// still on their nodes. Neither knows more than the first claim, and q,
+// which owns half of it, moves its own entries on (it allocates). a runs
+// rmpeer x: q's acknowledgement brings q's ring, which is no longer the
+// first claim alone, so ringUnseen let the takeover go on, over x's whole
+// first share, b's address with it. a must wait, since its own pod's
+// address lies in an entry of x that its ring has as the first claim made
+// it, and take over only what x still owns once b is back.
+func TestReclaimWaitsWhenTheAckerLostStateToo(t *testing.T) {
+	seed := Init{Seeds: []PeerName{"q", "x"}}
+	c := newCluster(t, "10.32.0.0/26", map[PeerName]Init{"x": seed, "q": seed, "a": seed, "b": seed})
+	c.run(5)
+	c.cut["q"] = true // a and b ask x for space
+	c.alloc("a", key(1))
+	c.alloc("b", key(2))
+	c.run(3 * simTiming.RemoveRetry)
+	delete(c.cut, "q")
+	c.run(3 * simTiming.RemoveRetry)
+	aAddr, bAddr := c.answer[key(1)].Address, c.answer[key(2)].Address
+	if c.answer[key(1)].Err != nil || c.answer[key(2)].Err != nil {
+		t.Fatalf("setup: a or b got no address: %+v %+v", c.answer[key(1)], c.answer[key(2)])
+	}
+	first := NewRing(c.peers["x"].Ring().Universe)
+	if err := first.ClaimEvenly([]PeerName{"q", "x"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, ad := range []Address{aAddr, bAddr} {
+		if o, _ := first.Owner(ad); o != "x" {
+			t.Fatalf("setup: %s is in %s's first share, want x's", ad, o)
+		}
+	}
+
+	c.peers["x"], c.peers["b"] = nil, nil // x dies; b is down
+	c.queue = nil
+	q := c.wipe("q", []PeerName{"a"})
+	a := c.wipe("a", []PeerName{"q"})
+	a.HoldFound(map[Key]Address{key(1): aAddr})
+	c.ready("a")
+	c.run(2)
+	if err := a.PeerGone("x"); err != nil {
+		t.Fatal(err)
+	}
+	c.ready("a")
+	c.run(3 * simTiming.RemoveRetry)
+	c.alloc("q", key(3)) // q moves its own entries on
+	c.run(2)
+	c.pushPull("a", "q")
+	c.run(3 * simTiming.RemoveRetry)
+	if q.Ring().FirstClaimOnly() || a.Ring().FirstClaimOnly() {
+		t.Fatalf("setup: q did not move its entries on: q's ring %v, a's %v; events %v", q.Ring().Entries, a.Ring().Entries, c.events)
+	}
+
+	if o, _ := a.Ring().Owner(bAddr); o == "a" {
+		t.Fatalf("a took over b's address %s on rings that know only the first claim; events: %v", bAddr, c.events)
+	}
+	if c.hasEvent("IPs taken over") {
+		t.Fatalf("a completed the reclaim: %v", c.events)
+	}
+	if !c.hasEvent("rmpeer of x waits: " + aAddr.String() + " is in use on this node") {
+		t.Errorf("a did not say why the reclaim waits: %v", c.events)
+	}
+
+	// b is back with the cluster's ring: a takes over what x still owns.
+	c.restartKnowing("b", []PeerName{"a", "q"})
+	c.reconnect("b", "a")
+	c.reconnect("b", "q")
+	c.run(3 * simTiming.RemoveRetry)
+	if !c.hasEvent("IPs taken over") {
+		t.Fatalf("a did not complete the reclaim once b was back: %v", c.events)
+	}
+	for _, n := range []PeerName{"a", "b", "q"} {
+		if o, _ := c.peers[n].Ring().Owner(bAddr); o != "b" {
+			t.Errorf("%s's ring gives b's address %s to %s", n, bAddr, o)
+		}
+	}
+	if got, ok := a.Lookup(key(1)); !ok || got != aAddr {
+		t.Errorf("a does not hold %s for its pod (got %s, %v)", aAddr, got, ok)
+	}
+	if rg, ok := overlap(a, c.peers["b"]); ok {
+		t.Errorf("a and b both own %s", rg)
+	}
+}
