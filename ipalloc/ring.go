@@ -206,14 +206,8 @@ func (r *Ring) Ownership() []OwnedRange {
 // Owner returns the owner of a, or false when a is outside the universe or
 // the ring is empty.
 func (r *Ring) Owner(a Address) (PeerName, bool) {
-	if !r.Universe.Contains(a) || r.Empty() {
-		return "", false
-	}
-	i := sort.Search(len(r.Entries), func(i int) bool { return r.Entries[i].Token > a }) - 1
-	if i < 0 {
-		return "", false
-	}
-	return r.Entries[i].Peer, true
+	e, ok := r.EntryOf(a)
+	return e.Peer, ok
 }
 
 // EntryOf returns the entry whose range holds a, or false when a is
