@@ -969,21 +969,33 @@ func (s *sim) claimedEverywhere() bool {
 // The reclaimer's node is drained (its pods deleted through the CNI) and
 // its router restarted; it finds no pods and goes on (make test-long seed
 // 19566 of seeds 10001-20000: a lone seed's cluster, every disk lost).
+//
+// The same remedy for a takeover that waits because this node's pods use
+// addresses in the removed peer's entries that every ring it hears has as
+// the first claim made them (staleFor): its node is drained too.
 func (s *sim) drainUnseen() {
 	up := s.up()
+	unseen := true
 	for _, sp := range up {
 		if sp.otherSeeds || sp.p.Status().Left {
 			continue
 		}
 		if !sp.p.a.ring.FirstClaimOnly() {
-			return // a peer has the cluster's ring: it will be heard
+			unseen = false // a peer has the cluster's ring: it will be heard
 		}
 	}
 	for _, sp := range up {
 		if len(sp.p.nodeFound) == 0 || len(sp.p.acks) == 0 {
 			continue
 		}
-		s.tracef("drain %s (the cluster's ring is lost with every disk that had it)", sp.name)
+		why := "the cluster's ring is lost with every disk that had it"
+		if !unseen {
+			if !sp.p.waitsStale() {
+				continue
+			}
+			why = "its takeover waits on entries that every ring it hears has as the first claim made them"
+		}
+		s.tracef("drain %s (%s)", sp.name, why)
 		for k, h := range s.holder {
 			if h != sp.name {
 				continue
@@ -1001,6 +1013,16 @@ func (s *sim) drainUnseen() {
 		s.c.Restarts++
 		s.start(sp)
 	}
+}
+
+// waitsStale reports whether a takeover of this peer's waits on staleFor.
+func (p *Peer) waitsStale() bool {
+	for x := range p.acks {
+		if _, stale := p.staleAt(x); stale && p.removed[x] == p.cfg.Self && !p.reclaimed[x] {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *sim) restartable(sp *simPeer) bool {
