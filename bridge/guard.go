@@ -81,6 +81,12 @@ type Guard struct {
 	// against the sending peer's ranges: a peer may still send as
 	// another peer's pod.
 	VXLANDevice string
+	// VXLANProbePort is the UDP port of the router's checksum probes
+	// inside the VXLAN device (tunnel.ChecksumProbePort; 0: none): what
+	// arrives on the device from and to that port, addressed to this
+	// node, is dropped without an answer, as the router has read it off
+	// the device before the IP stack.
+	VXLANProbePort uint16
 }
 
 // On reports whether the guard is configured.

@@ -69,6 +69,13 @@ func l4proto(p byte) []expr.Any {
 	}
 }
 
+func sport(port uint16) []expr.Any {
+	return []expr.Any{
+		&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 2},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binary.BigEndian.AppendUint16(nil, port)},
+	}
+}
+
 func dport(port uint16) []expr.Any {
 	return []expr.Any{
 		&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
@@ -191,6 +198,12 @@ func guardRules(t *nftables.Table, in, fwd *nftables.Chain, peers, own *nftables
 			UserData: comment(dropComment(DropVXLANNonPeer, fmt.Sprintf("vxlan (udp/%d) from an address not in @%s", g.VXLANPort, peersSet)))})
 	}
 	if dev := g.VXLANDevice; dev != "" {
+		if g.VXLANProbePort != 0 {
+			out = append(out, &nftables.Rule{Table: t, Chain: in,
+				Exprs: slices.Concat(iifname(dev), l4proto(unix.IPPROTO_UDP), sport(g.VXLANProbePort), dport(g.VXLANProbePort),
+					[]expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}}),
+				UserData: comment(fmt.Sprintf("weft: vxlan checksum probes (udp/%d), read by the router off %s", g.VXLANProbePort, dev))})
+		}
 		// What the VXLAN device decapsulated: to this node (input) or
 		// to a pod (forward).
 		for _, ch := range []*nftables.Chain{in, fwd} {

@@ -775,11 +775,13 @@ func TestGuardOwnRanges(t *testing.T) {
 // (vxlan-not-to-pods), to the node (input) and through it (forward): the
 // node is no relay for a peer, nor for whoever forges a peer's VXLAN. A
 // local pod's packet to the same host outside is forwarded (the control).
+// The router's checksum probes to the node are dropped uncounted.
 func TestGuardDropsVXLANNotToPods(t *testing.T) {
 	e := newEnv(t)
 	e.guarded()
 	e.cfg.Guard.VXLANPort = 4789
 	e.cfg.Guard.VXLANDevice = vxlanTestDev
+	e.cfg.Guard.VXLANProbePort = 6785
 	e.ensure(t)
 	a := e.addPod(t, "weftaaaaaaaaaaa", netip.MustParseAddr("10.32.0.5"))
 	if _, _, err := SetPodSources(e.ns.Path(), []PodSource{{a.veth, a.addr}}, nil); err != nil {
@@ -811,7 +813,7 @@ func TestGuardDropsVXLANNotToPods(t *testing.T) {
 	}
 	// An address of the node outside the pod range: 203.0.113.1.
 	nodeAddr := netip.MustParseAddr("203.0.113.1")
-	peer := e.tunnelSender(t, host, nodeAddr)
+	peer := e.tunnelSender(t, host, nodeAddr, a.addr)
 	e.addAddr(t, e.link(t, vxlanTestDev), "203.0.113.1/32")
 	e.sysctl(t, "net/ipv4/conf/all/rp_filter", "0")
 	e.sysctl(t, "net/ipv4/conf/"+vxlanTestDev+"/rp_filter", "0")
@@ -829,6 +831,32 @@ func TestGuardDropsVXLANNotToPods(t *testing.T) {
 			t.Fatal(err)
 		}
 		e.waitCount(t, DropVXLANNotToPods, uint64(i+1))
+	}
+	// The router's checksum probes (and their answers) to the node: dropped
+	// uncounted and unanswered (the router reads them off the device).
+	// One sender's packets are handled in order: once a marker to the
+	// pod after them arrived, they were handled.
+	const probePort = 6785
+	atProbe, atA := listen(t, nodeNS, probePort), listen(t, a.ns, 9004)
+	for range 3 {
+		if err := sendRaw(peer, netip.MustParseAddr("10.32.0.64"), nodeAddr, unix.IPPROTO_UDP, udpPayload(probePort, probePort, "probe")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := sendRaw(peer, netip.MustParseAddr("10.32.0.64"), nodeAddr, unix.IPPROTO_UDP, udpPayload(1000, probePort, "not a probe")); err != nil {
+		t.Fatal(err)
+	}
+	if err := sendRaw(peer, netip.MustParseAddr("10.32.0.64"), a.addr, unix.IPPROTO_UDP, udpPayload(1000, 9004, "marker")); err != nil {
+		t.Fatal(err)
+	}
+	expect(t, atA, "10.32.0.64:1000 marker")
+	if c, _ := DropCounts(e.ns.Path()); c[DropVXLANNotToPods] != 3 {
+		t.Errorf("vxlan-not-to-pods %d after the probes and one datagram that is none, want 3 (the probes uncounted)", c[DropVXLANNotToPods])
+	}
+	select {
+	case got := <-atProbe:
+		t.Errorf("the node's probe port received %q", got)
+	default:
 	}
 	if err := sendRaw(a.ns, a.addr, host, unix.IPPROTO_UDP, udpPayload(1000, 9002, "control")); err != nil {
 		t.Fatal(err)

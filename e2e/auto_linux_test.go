@@ -11,6 +11,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/weft-net/weft/internal/ethtool"
 	"github.com/weft-net/weft/tunnel"
 )
 
@@ -410,6 +411,125 @@ func TestAutoVXLANFallback(t *testing.T) {
 	})
 	wantStatus(t, ctx, n0, n1, "udp", "vxlan path down since", "bytes are lost while small ones pass")
 	blockUnderlayVXLAN(t, ctx, c, false)
+}
+
+// spoilInnerChecksums models, on the way from node from to node to, a
+// network device that completes the inner checksums of VXLAN wrongly (the
+// checksum-offload fault flannel and Calico users met on some virtual
+// NICs): from's underlay computes every checksum in software (tx offload
+// off: across veths a checksum otherwise travels unfinished and trusted),
+// and to's underlay ingress overwrites the inner UDP (non-zero: one
+// without a checksum passes) and TCP checksums of the VXLAN datagrams
+// from from. The outer UDP checksum then no longer adds up either, and
+// to's kernel drops the datagram, as on real hardware. off removes the
+// rule (the offload stays off).
+func spoilInnerChecksums(t *testing.T, ctx context.Context, from, to *Node, on bool) {
+	t.Helper()
+	const table = "weftcsumfault"
+	_, _ = to.NS.Exec(ctx, "nft", "delete", "table", "netdev", table)
+	if !on {
+		return
+	}
+	if err := from.NS.Do(func() error { return ethtool.SetTxChecksum("eth0", false) }); err != nil {
+		t.Fatalf("%s: %v", from.Name, err)
+	}
+	// Without IP options inside, the inner IPv4 header starts 50 bytes
+	// into the outer one: its protocol at byte 59, the UDP checksum at
+	// 76, the TCP checksum at 86.
+	match := []string{"ip", "saddr", from.UnderlayIP.String(), "udp", "dport", fmt.Sprint(tunnel.DefaultVXLANPort)}
+	for _, cmd := range [][]string{
+		{"nft", "add", "table", "netdev", table},
+		{"nft", "add", "chain", "netdev", table, "in", "{ type filter hook ingress device \"eth0\" priority 0 ; policy accept ; }"},
+		append(append([]string{"nft", "add", "rule", "netdev", table, "in"}, match...), "@nh,472,8", "17", "@nh,608,16", "!=", "0", "@nh,608,16", "set", "0x0bad"),
+		append(append([]string{"nft", "add", "rule", "netdev", table, "in"}, match...), "@nh,472,8", "6", "@nh,688,16", "set", "0x0bad"),
+	} {
+		if out, err := to.NS.Exec(ctx, cmd...); err != nil {
+			t.Fatalf("%v in %s: %s (%v)", cmd, to.Name, out, err)
+		}
+	}
+}
+
+// udpCsumErrors is node n's kernel's count of UDP datagrams dropped for
+// their checksum (Udp InCsumErrors, /proc/net/snmp).
+func udpCsumErrors(t *testing.T, ctx context.Context, n *Node) int {
+	t.Helper()
+	out, err := n.NS.Exec(ctx, "cat", "/proc/net/snmp")
+	if err != nil {
+		t.Fatalf("%s: %v", n.Name, err)
+	}
+	lines := strings.Split(string(out), "\n")
+	for i := 0; i+1 < len(lines); i++ {
+		names, values := strings.Fields(lines[i]), strings.Fields(lines[i+1])
+		if len(names) < 2 || names[0] != "Udp:" || len(values) != len(names) || values[0] != "Udp:" {
+			continue
+		}
+		for j, name := range names {
+			if name == "InCsumErrors" {
+				var v int
+				fmt.Sscan(values[j], &v)
+				return v
+			}
+		}
+	}
+	t.Fatalf("%s: no Udp InCsumErrors in /proc/net/snmp", n.Name)
+	return 0
+}
+
+// TestAutoVXLANChecksumFault: a TCP connection between pods of two auto
+// nodes on vxlan; the way from n0 to n1 starts to spoil inner checksums
+// (spoilInnerChecksums). n1's kernel drops n0's VXLAN for its checksum,
+// while ARP and ping would pass; n0's checksum probes are lost while
+// their controls are answered, so n0 falls back to udp for n1, says why,
+// counts it, and the connection goes on (TCP retransmits across the gap).
+// n1's path to n0 is sound and stays vxlan. Once the checksums arrive
+// right again n0 goes back to vxlan after the hold, the connection still
+// up.
+func TestAutoVXLANChecksumFault(t *testing.T) {
+	c, ctx := startMeshCluster(t, 2)
+	waitModes(t, ctx, c, "vxlan")
+	n0, n1 := c.Nodes[0], c.Nodes[1]
+	p0, err := n0.AddPod(ctx, "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p1, err := n1.AddPod(ctx, "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, ctx, "both vxlan paths probed and answered", func() (bool, string) {
+		return pathOK(ctx, n0, n1) && pathOK(ctx, n1, n0), ""
+	})
+	f := startTCPFlow(t, ctx, p0, p1)
+	f.waitTrips(t, ctx, "messages over vxlan", 20)
+
+	errs := udpCsumErrors(t, ctx, n1)
+	spoilInnerChecksums(t, ctx, n0, n1, true)
+	t.Cleanup(func() { spoilInnerChecksums(t, context.Background(), n0, n1, false) })
+	spoiled := time.Now()
+	waitUntil(t, ctx, "n0 to fall back to udp for n1", func() (bool, string) {
+		m0, err := dataModes(ctx, n0)
+		return m0[n1.PeerName] == "udp", fmt.Sprintf("n0: %v %v", m0, err)
+	})
+	t.Logf("n0 on udp for n1 %s after the checksums began to go wrong", time.Since(spoiled).Round(100*time.Millisecond))
+	wantStatus(t, ctx, n0, n1, "udp", "vxlan path down since", "checksum-offload fault")
+	if m1, err := dataModes(ctx, n1); err != nil || m1[n0.PeerName] != "vxlan" {
+		t.Errorf("n1 sends n0 %q (%v), want vxlan: only n0's checksums are spoiled", m1[n0.PeerName], err)
+	}
+	if n := udpCsumErrors(t, ctx, n1); n <= errs {
+		t.Errorf("n1's kernel dropped no datagram for its checksum (%d, was %d): the modelled fault did not happen", n, errs)
+	}
+	if v, err := metricSamples(ctx, n0, "weft_tunnel_vxlan_checksum_probes_total"); err != nil || v[`outcome="lost"`] < 3 {
+		t.Errorf("n0's weft_tunnel_vxlan_checksum_probes_total: %v (%v), want outcome=\"lost\" counted at least 3 times", v, err)
+	}
+	f.waitTrips(t, ctx, "the connection to go on over udp", 20)
+	if out, err := n0.Weft(ctx, "status", "connections"); err == nil {
+		t.Logf("n0: weft status connections:\n%s", out)
+	}
+
+	spoilInnerChecksums(t, ctx, n0, n1, false)
+	waitPairMode(t, ctx, n0, n1, "vxlan")
+	f.waitTrips(t, ctx, "the connection back on vxlan", 20)
+	f.stop(t)
 }
 
 // waitPairMode waits until a and b send to each other with mode.

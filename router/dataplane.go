@@ -359,6 +359,12 @@ func (r *Router) bridgeConfig(ns netState) bridge.Config {
 			IPIPPeersOnly: r.tunnel != nil && r.tunnel.ReceivesIPIP(),
 			VXLANPort:     r.vxlanGuardPort(),
 			VXLANDevice:   r.vxlanGuardDevice(),
+			VXLANProbePort: func() uint16 {
+				if r.vxlanGuardDevice() == "" {
+					return 0
+				}
+				return tunnel.ChecksumProbePort
+			}(),
 		},
 	}
 }

@@ -987,7 +987,7 @@ func (d *Device) Run(ctx context.Context) error {
 		pctx, stop := context.WithCancel(ctx)
 		defer stop()
 		wg.Go(func() {
-			if err := d.prober.Run(d.pathAnswered); err != nil {
+			if err := d.prober.Run(d.pathAnswered, d.pathChecksum); err != nil {
 				if err := d.endErr("vxlan path probes", err); err != nil {
 					// The data plane goes on without probes.
 					d.log.Warn("the vxlan path probes stopped; paths are no longer checked", "err", err)

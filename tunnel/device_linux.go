@@ -124,6 +124,9 @@ func (d *Device) openVXLAN() error {
 		return nil
 	}
 	d.prober = p
+	if p.CsumErr != nil {
+		d.log.Warn("the vxlan paths' checksums are not probed: a network device that completes inner checksums wrongly is not noticed", "err", p.CsumErr)
+	}
 	if p.AnswersItself() {
 		d.log.Info("arp_ignore is above 0 on this node, so its kernel does not answer the peers' vxlan path probes: the router answers them (while it runs)")
 	}

@@ -82,6 +82,7 @@ type metrics struct {
 	// pathUp and pathChanges: the vxlan path probes (probe.go).
 	pathUp      *prometheus.GaugeVec   // peer
 	pathChanges *prometheus.CounterVec // to: down, up
+	csumProbes  *prometheus.CounterVec // outcome: good, bad, lost (csumprobe.go)
 	pkt, byt    [numDirs][numWireModes]prometheus.Counter
 	drop        [numDropReasons]prometheus.Counter
 	collected   []prometheus.Collector
@@ -117,6 +118,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "weft_tunnel_vxlan_path_changes_total",
 			Help: "Changes of a peer's vxlan path, by what it became (down: the probes went unanswered; up: answered again after the hold).",
 		}, []string{"to"}),
+		csumProbes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "weft_tunnel_vxlan_checksum_probes_total",
+			Help: "This node's vxlan checksum probes (a UDP datagram whose checksum the device completes), by outcome: good (the peer's router found it right), bad (found it wrong), lost (no answer, while the same datagram without a checksum was answered). bad and lost point to a checksum-offload fault; rounds with no answer at all are not counted.",
+		}, []string{"outcome"}),
 	}
 	for d := range numDirs {
 		for i, mode := range wireModes {
@@ -127,7 +132,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for r := range numDropReasons {
 		m.drop[r] = m.dropped.WithLabelValues(dropReasonNames[r])
 	}
-	cs := []prometheus.Collector{m.packets, m.bytes, m.dropped, m.icmp, m.peerMode, m.pathUp, m.pathChanges}
+	cs := []prometheus.Collector{m.packets, m.bytes, m.dropped, m.icmp, m.peerMode, m.pathUp, m.pathChanges, m.csumProbes}
 	if err := promreg.Register(reg, cs...); err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package tunnel
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"time"
 )
@@ -37,9 +38,14 @@ type PathProber interface {
 	// Probe sends one probe of size bytes (the Ethernet frame) to the
 	// peer at e.
 	Probe(e VTEPEntry, size int) error
+	// ProbeChecksum sends one checksum probe (csumprobe.go) with nonce
+	// from src, this node's bridge address, to the peer at e.
+	ProbeChecksum(e VTEPEntry, src netip.Addr, nonce uint64) error
 	// Run reads answers until Close, calling answered with the VTEP MAC
-	// and address of the peer that answered.
-	Run(answered func(mac [6]byte, addr netip.Addr)) error
+	// and address of the peer that answered, and verdict with the VTEP
+	// MAC of a peer that answered a checksum probe, its nonce and what
+	// the peer found.
+	Run(answered func(mac [6]byte, addr netip.Addr), verdict func(mac [6]byte, nonce uint64, good bool)) error
 	Close() error
 }
 
@@ -53,6 +59,7 @@ const (
 	probeFlapWindow = 10 * time.Minute
 	probeSmall      = 64 // bytes: an ARP frame with the minimum Ethernet padding
 	probeHistory    = 2 * max(probeMisses, probeBigMisses, probeRecover)
+	probeCsumBad    = 3 // checksum probes in a row that the peer found wrong: down
 )
 
 // pathHealth is what the probes of one peer's vxlan path showed.
@@ -69,6 +76,31 @@ type pathHealth struct {
 	hold  time.Duration
 	upAt  time.Time // the last recovery, for the flap window
 	size  int       // the full probe size, for the reason
+
+	// The checksum probes (csumprobe.go): only answers count; a round
+	// without one says nothing.
+	csumNonce uint64 // of the checksum probe out in the current round (odd; its control's is one less); 0: none
+	csumGot   int8   // its answer: 0 none yet, 1 good, -1 bad
+	csumCtl   bool   // the control was answered
+	csum      []bool // the answers, oldest first (good: true); emptied at a fall
+	csumDown  bool   // the path is down because of them
+}
+
+// csumFailure is the reason of a fall for checksums.
+var csumFailure = fmt.Sprintf("%d probes in a row whose UDP checksum the device completes were lost or found wrong, while the same without a checksum passed (a checksum-offload fault: ping passes, TCP and UDP between pods do not)", probeCsumBad)
+
+// csumLast reports whether the last n checksum answers were all good
+// (want true) or all bad (want false).
+func (h *pathHealth) csumLast(n int, want bool) bool {
+	if len(h.csum) < n {
+		return false
+	}
+	for _, good := range h.csum[len(h.csum)-n:] {
+		if good != want {
+			return false
+		}
+	}
+	return true
 }
 
 // big says whether the probe of round r is full-size.
@@ -95,6 +127,15 @@ func (h *pathHealth) tick(now time.Time) pathEvent {
 		h.history = h.history[len(h.history)-probeHistory:]
 	}
 	h.round++
+	// The probe answered says how it was found; lost while its control
+	// was answered, it was dropped for its checksum (csumprobe.go).
+	if h.csumGot != 0 || h.csumCtl {
+		h.csum = append(h.csum, h.csumGot > 0)
+		if len(h.csum) > probeHistory {
+			h.csum = h.csum[len(h.csum)-probeHistory:]
+		}
+	}
+	h.csumNonce, h.csumGot, h.csumCtl = 0, 0, false
 	first := h.got && !h.seen
 	h.seen = h.seen || h.got
 	h.sent, h.got = false, false
@@ -107,6 +148,7 @@ func (h *pathHealth) tick(now time.Time) pathEvent {
 			return pathSame
 		}
 		h.down, h.why, h.since = true, why, now
+		h.csumDown, h.csum = why == csumFailure, h.csum[:0]
 		switch {
 		case h.hold == 0 || !h.upAt.IsZero() && now.Sub(h.upAt) > probeFlapWindow:
 			h.hold = probeHold
@@ -115,10 +157,13 @@ func (h *pathHealth) tick(now time.Time) pathEvent {
 		}
 		return pathDown
 	}
-	if now.Sub(h.since) < h.hold || !h.answered(probeRecover) {
+	// Back only once the checksums are not failing, and after a fall
+	// for them, once the peer found them right again.
+	if now.Sub(h.since) < h.hold || !h.answered(probeRecover) || h.csumLast(probeCsumBad, false) ||
+		h.csumDown && !h.csumLast(probeRecover, true) {
 		return pathSame
 	}
-	h.down, h.why, h.since, h.upAt = false, "", now, now
+	h.down, h.why, h.since, h.upAt, h.csumDown = false, "", now, now, false
 	return pathUp
 }
 
@@ -133,6 +178,9 @@ func (h *pathHealth) failure() string {
 		if lost {
 			return fmt.Sprintf("no answer to %d probes in a row", probeMisses)
 		}
+	}
+	if h.csumLast(probeCsumBad, false) {
+		return csumFailure
 	}
 	// The big rounds among the last ones, newest first.
 	bigLost, smallOK := 0, false
@@ -225,6 +273,9 @@ func (d *Device) probeRound(now time.Time) {
 			d.health[name] = h
 		}
 		h.size = d.cfg.MTU + EthernetHeaderLen
+		if h.csumNonce != 0 && h.csumGot == 0 && h.csumCtl {
+			d.metrics.csumProbes.WithLabelValues("lost").Inc()
+		}
 		switch h.tick(now) {
 		case pathAnswering:
 			changed = true // for status
@@ -242,6 +293,15 @@ func (d *Device) probeRound(now time.Time) {
 			d.log.Warn("cannot send a vxlan path probe (warned once a minute)", "peer", name, "err", err)
 		}
 		h.sent = true
+		if d.src.IsValid() {
+			// A checksum probe each round; without a bridge address
+			// yet there is no source for it.
+			h.csumNonce = rand.Uint64() | 1
+			if err := d.prober.ProbeChecksum(e, d.src, h.csumNonce); err != nil && (d.probeErrAt.IsZero() || now.Sub(d.probeErrAt) >= time.Minute) {
+				d.probeErrAt = now
+				d.log.Warn("cannot send a vxlan checksum probe (warned once a minute)", "peer", name, "err", err)
+			}
+		}
 		d.metrics.pathUp.WithLabelValues(name).Set(map[bool]float64{true: 0, false: 1}[h.down])
 	}
 	for name := range d.health {
@@ -283,5 +343,28 @@ func (d *Device) pathAnswered(mac [6]byte, addr netip.Addr) {
 			}
 			return
 		}
+	}
+}
+
+// pathChecksum notes a peer's answer (good or not) to the checksum probe
+// with nonce (odd) or to its control (even), from the VTEP at mac.
+func (d *Device) pathChecksum(mac [6]byte, nonce uint64, good bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	peers := d.snap.Load().peers
+	for name, h := range d.health {
+		if h.csumNonce == 0 || h.csumNonce != nonce|1 {
+			continue
+		}
+		p := peers[name]
+		switch {
+		case p == nil || p.vxlan == nil || p.vxlan.MAC != mac:
+		case nonce&1 == 0:
+			h.csumCtl = true
+		case h.csumGot == 0:
+			h.csumGot = map[bool]int8{true: 1, false: -1}[good]
+			d.metrics.csumProbes.WithLabelValues(map[bool]string{true: "good", false: "bad"}[good]).Inc()
+		}
+		return
 	}
 }

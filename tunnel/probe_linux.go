@@ -46,6 +46,15 @@ type ARPProber struct {
 	// answers.
 	OnAnswerChange func(answers bool, arpIgnore int)
 
+	// csum is the checksum probes' socket (csumprobe.go): AF_PACKET for
+	// IPv4 on the same device, with a virtio-net header in front of every
+	// frame and a filter that passes only UDP to ChecksumProbePort; nil
+	// where it could not be opened (CsumErr says why).
+	csum      *os.File
+	closeCsum func() error // closes csum once: Run and Close may both
+	CsumErr   error
+	src       netip.Addr // this node's bridge address, as its own probes last used it: the answers' source
+
 	mu      sync.Mutex
 	buf     []byte
 	closed  bool
@@ -80,6 +89,10 @@ func NewARPProber(ifidx int, dev string, mac [6]byte, self netip.Addr) (*ARPProb
 		}
 	}
 	p.readArp = func() int { return arpIgnore(p.sysctls) }
+	p.csum, p.CsumErr = openCsumSocket(ifidx, dev)
+	if p.csum != nil {
+		p.closeCsum = sync.OnceValue(p.csum.Close)
+	}
 	p.answer.Store(p.readArp() > 0)
 	p.checked = time.Now()
 	return p, nil
@@ -154,15 +167,17 @@ func (p *ARPProber) Probe(e VTEPEntry, size int) error {
 		b = append(b, 0)
 	}
 	p.buf = b
-	return p.send(b, e.MAC)
+	return sendFrame(p.f, b, etherTypeARP, p.ifidx, e.MAC)
 }
 
-func (p *ARPProber) send(b []byte, to [6]byte) error {
-	rc, err := p.f.SyscallConn()
+// sendFrame sends frame b (of ethertype proto) on f, a packet socket of
+// the device ifidx, to MAC to.
+func sendFrame(f *os.File, b []byte, proto uint16, ifidx int, to [6]byte) error {
+	rc, err := f.SyscallConn()
 	if err != nil {
 		return err
 	}
-	sa := &unix.SockaddrLinklayer{Protocol: htons(etherTypeARP), Ifindex: p.ifidx, Halen: 6}
+	sa := &unix.SockaddrLinklayer{Protocol: htons(proto), Ifindex: ifidx, Halen: 6}
 	copy(sa.Addr[:], to[:])
 	var serr error
 	err = rc.Write(func(fd uintptr) bool {
@@ -174,8 +189,25 @@ func (p *ARPProber) send(b []byte, to [6]byte) error {
 
 // Run reads ARP frames until Close: answers to this node's probes go to
 // answered; the peers' probes of this node are answered here if the
-// kernel does not.
-func (p *ARPProber) Run(answered func(mac [6]byte, addr netip.Addr)) error {
+// kernel does not. With the checksum socket it reads that too: the peers'
+// checksum probes are checked and answered, the answers to this node's go
+// to verdict.
+func (p *ARPProber) Run(answered func(mac [6]byte, addr netip.Addr), verdict func(mac [6]byte, nonce uint64, good bool)) error {
+	if p.csum == nil {
+		return p.runARP(answered)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- p.runCsum(verdict) }()
+	err := p.runARP(answered)
+	if err != nil {
+		// Whatever ended the ARP reader ends the checksum one too.
+		p.closeCsum()
+	}
+	return errors.Join(err, <-errc)
+}
+
+// runARP reads the ARP socket until Close.
+func (p *ARPProber) runARP(answered func(mac [6]byte, addr netip.Addr)) error {
 	rc, err := p.f.SyscallConn()
 	if err != nil {
 		return err
@@ -229,12 +261,12 @@ func (p *ARPProber) handle(b []byte, answered func(mac [6]byte, addr netip.Addr)
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		if !p.closed {
-			_ = p.send(reply, sha) // a lost answer is a lost probe
+			_ = sendFrame(p.f, reply, etherTypeARP, p.ifidx, sha) // a lost answer is a lost probe
 		}
 	}
 }
 
-// Close closes the socket, which ends Run.
+// Close closes the sockets, which ends Run.
 func (p *ARPProber) Close() error {
 	p.mu.Lock()
 	p.closed = true
@@ -242,5 +274,158 @@ func (p *ARPProber) Close() error {
 	for _, f := range p.sysctls {
 		f.Close()
 	}
-	return p.f.Close()
+	err := p.f.Close()
+	if p.csum != nil {
+		err = errors.Join(err, p.closeCsum())
+	}
+	return err
+}
+
+// virtio-net header flags (include/uapi/linux/virtio_net.h).
+const (
+	vnetNeedsCsum = 1 // VIRTIO_NET_HDR_F_NEEDS_CSUM: the device is to complete the checksum
+	vnetDataValid = 2 // VIRTIO_NET_HDR_F_DATA_VALID: the device (or the kernel) checked it
+	vnetHdrLen    = 10
+)
+
+// csumFilter is a classic BPF program for the checksum socket: IPv4 UDP,
+// not a fragment, to port ChecksumProbePort; everything else (every pod
+// packet the VXLAN device receives) is left alone at the cost of a few
+// instructions.
+var csumFilter = []unix.SockFilter{
+	{Code: 0x30, K: 23},                              // ldb [23]: the IP protocol
+	{Code: 0x15, Jt: 0, Jf: 6, K: protoUDP},          // jeq UDP, else drop
+	{Code: 0x28, K: 20},                              // ldh [20]: flags and fragment offset
+	{Code: 0x45, Jt: 4, Jf: 0, K: 0x1fff},            // jset offset: drop
+	{Code: 0xb1, K: EthernetHeaderLen},               // ldx 4*([14]&0xf): the IP header length
+	{Code: 0x48, K: EthernetHeaderLen + 2},           // ldh [x+16]: the UDP destination port
+	{Code: 0x15, Jt: 0, Jf: 1, K: ChecksumProbePort}, // jeq the probe port, else drop
+	{Code: 0x06, K: 0x40000},                         // ret: take it
+	{Code: 0x06, K: 0},                               // ret: drop
+}
+
+// openCsumSocket opens the checksum probes' socket on the device. The
+// filter is attached before the socket is bound to a protocol, so that
+// no other frame is ever queued on it.
+func openCsumSocket(ifidx int, dev string) (*os.File, error) {
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+	if err != nil {
+		return nil, fmt.Errorf("opening the vxlan checksum prober: %w", err)
+	}
+	prog := unix.SockFprog{Len: uint16(len(csumFilter)), Filter: &csumFilter[0]}
+	for _, step := range []struct {
+		what string
+		do   func() error
+	}{
+		{"attaching its filter", func() error { return unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, &prog) }},
+		{"asking for virtio-net headers", func() error { return unix.SetsockoptInt(fd, unix.SOL_PACKET, unix.PACKET_VNET_HDR, 1) }},
+		{"binding it to " + dev, func() error {
+			return unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_IP), Ifindex: ifidx})
+		}},
+	} {
+		if err := step.do(); err != nil {
+			unix.Close(fd)
+			return nil, fmt.Errorf("vxlan checksum prober: %s: %w", step.what, err)
+		}
+	}
+	return os.NewFile(uintptr(fd), "csum-probe:"+dev), nil
+}
+
+// ProbeChecksum sends the two checksum probes of a round from src (this
+// node's bridge address) to e: with nonce (odd), its UDP checksum left to
+// the device; with nonce-1, the control, without a checksum. Without the
+// checksum socket it does nothing.
+func (p *ARPProber) ProbeChecksum(e VTEPEntry, src netip.Addr, nonce uint64) error {
+	if p.csum == nil {
+		return nil
+	}
+	if !e.Addr.Is4() || !src.Is4() {
+		return fmt.Errorf("checksum probe of %s from %s: not IPv4", e.Addr, src)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return os.ErrClosed
+	}
+	p.src = src
+	var h [vnetHdrLen]byte
+	h[0] = vnetNeedsCsum
+	binary.NativeEndian.PutUint16(h[6:], csumStart)
+	binary.NativeEndian.PutUint16(h[8:], csumOffset)
+	b := appendCsumFrame(append(p.buf[:0], h[:]...), e.MAC, p.mac, src, e.Addr, csumKindProbe, nonce|1, false)
+	err := sendFrame(p.csum, b, unix.ETH_P_IP, p.ifidx, e.MAC)
+	b = appendCsumFrame(append(b[:0], make([]byte, vnetHdrLen)...), e.MAC, p.mac, src, e.Addr, csumKindControl, nonce&^1, false)
+	p.buf = b
+	return errors.Join(err, sendFrame(p.csum, b, unix.ETH_P_IP, p.ifidx, e.MAC))
+}
+
+// runCsum reads the checksum socket until Close: a peer's probe is
+// checked and answered; an answer to this node's probe goes to verdict.
+func (p *ARPProber) runCsum(verdict func(mac [6]byte, nonce uint64, good bool)) error {
+	rc, err := p.csum.SyscallConn()
+	if err != nil {
+		return err
+	}
+	buf := make([]byte, 2048)
+	for {
+		var n int
+		var from unix.Sockaddr
+		var rerr error
+		err := rc.Read(func(fd uintptr) bool {
+			n, from, rerr = unix.Recvfrom(int(fd), buf, 0)
+			return rerr != unix.EAGAIN
+		})
+		if err != nil {
+			if errors.Is(err, os.ErrClosed) {
+				return nil
+			}
+			return err
+		}
+		if rerr != nil {
+			return rerr
+		}
+		if ll, ok := from.(*unix.SockaddrLinklayer); ok && ll.Pkttype == unix.PACKET_OUTGOING {
+			continue
+		}
+		if n < vnetHdrLen {
+			continue
+		}
+		p.handleCsum(buf[0], buf[vnetHdrLen:n], verdict)
+	}
+}
+
+// handleCsum reads one frame (vnetFlags from its virtio-net header);
+// anything that is not a well-formed probe to this node or an answer to
+// it is ignored. It never panics.
+func (p *ARPProber) handleCsum(vnetFlags byte, b []byte, verdict func(mac [6]byte, nonce uint64, good bool)) {
+	f, ok := parseCsumFrame(b)
+	if !ok || f.dstMAC != p.mac || f.srcMAC == p.mac {
+		return
+	}
+	if f.kind == csumKindGood || f.kind == csumKindBad {
+		verdict(f.srcMAC, f.nonce, f.kind == csumKindGood)
+		return
+	}
+	if f.dst != p.self {
+		return
+	}
+	// As the kernel would take it: a checksum still to be completed (a
+	// frame that crossed only virtual links) or one the device checked
+	// is good; otherwise the sum must add up. The control has none.
+	kind := byte(csumKindBad)
+	if f.kind == csumKindControl || vnetFlags&(vnetNeedsCsum|vnetDataValid) != 0 || f.sumOK {
+		kind = csumKindGood
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	src := p.src
+	if !src.IsValid() {
+		src = p.self
+	}
+	var h [vnetHdrLen]byte
+	b = appendCsumFrame(h[:], f.srcMAC, p.mac, src, f.src, kind, f.nonce, false)
+	_ = sendFrame(p.csum, b, unix.ETH_P_IP, p.ifidx, f.srcMAC) // a lost answer is a lost probe
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weft-net/weft/internal/ethtool"
 	"github.com/weft-net/weft/tunnel/internal/netnstest"
 )
 
@@ -148,6 +149,126 @@ func TestKernelVXLANProbes(t *testing.T) {
 	}
 }
 
+// mangleInnerChecksums makes n's underlay ingress overwrite the inner
+// UDP (a non-zero one: a datagram without a checksum passes) and TCP
+// checksums of the VXLAN frames it receives, as a device that completes
+// them wrongly would have sent them; without IP options inside, the
+// inner IPv4 header starts 50 bytes into the outer one (IPv4, UDP,
+// VXLAN, Ethernet), so its protocol is at byte 59, the UDP checksum at
+// 76 and the TCP checksum at 86.
+func mangleInnerChecksums(t *testing.T, n *netnstest.Node, dev string, on, zeroOuter bool) {
+	t.Helper()
+	ctx := context.Background()
+	_, _ = n.NS.Exec(ctx, "nft", "delete", "table", "netdev", "weftcsumtest")
+	if !on {
+		return
+	}
+	for _, c := range [][]string{
+		{"nft", "add", "table", "netdev", "weftcsumtest"},
+		{"nft", "add", "chain", "netdev", "weftcsumtest", "in", fmt.Sprintf("{ type filter hook ingress device %q priority 0 ; policy accept ; }", dev)},
+		{"nft", "add", "rule", "netdev", "weftcsumtest", "in", "udp", "dport", "4789", "@nh,472,8", "17", "@nh,608,16", "!=", "0", "@nh,608,16", "set", "0x0bad", "counter"},
+		{"nft", "add", "rule", "netdev", "weftcsumtest", "in", "udp", "dport", "4789", "@nh,472,8", "6", "@nh,688,16", "set", "0x0bad", "counter"},
+	} {
+		if zeroOuter && len(c) > 9 {
+			c = append(c[:len(c)-1], "udp", "checksum", "set", "0", "counter")
+		}
+		show(t, n.NS, c...)
+	}
+}
+
+// udpCsumErrors is n's kernel's count of UDP datagrams dropped for a
+// wrong checksum (Udp InCsumErrors in /proc/net/snmp).
+func udpCsumErrors(t *testing.T, n *netnstest.Node) int {
+	t.Helper()
+	lines := strings.Split(show(t, n.NS, "cat", "/proc/net/snmp"), "\n")
+	for i := 0; i+1 < len(lines); i++ {
+		names, values := strings.Fields(lines[i]), strings.Fields(lines[i+1])
+		if len(names) == 0 || names[0] != "Udp:" || len(values) != len(names) || values[0] != "Udp:" {
+			continue
+		}
+		for j, name := range names {
+			if name == "InCsumErrors" {
+				var v int
+				fmt.Sscan(values[j], &v)
+				return v
+			}
+		}
+	}
+	t.Fatalf("no Udp InCsumErrors in %s's /proc/net/snmp", n.Name)
+	return 0
+}
+
+// TestKernelVXLANChecksumProbes: each router checks the checksum probes
+// of its peer (their UDP checksum left to the device) and answers. A
+// device that completes inner checksums wrongly is modelled on a's side:
+// a's underlay computes every checksum in software (tx offload off, so
+// that b's kernel checks it; across a veth it would otherwise arrive
+// unfinished and trusted) and b's underlay ingress overwrites the inner
+// UDP and TCP checksums. b's kernel then drops a's datagrams for their
+// checksum, the ARP probes still pass, and a's path to b goes down for
+// checksums, while b's path to a stays up; once the checksums arrive
+// right again the path comes back after the hold.
+func TestKernelVXLANChecksumProbes(t *testing.T) {
+	mtu := netnstest.UnderlayMTU - Overhead(ModeVXLAN)
+	p := newPair(t, mtu)
+	a, b := p.Nodes[0], p.Nodes[1]
+	da, db := startVXLAN(t, a, mtu), startVXLAN(t, b, mtu)
+	if ap := da.prober.(*ARPProber); ap.csum == nil {
+		t.Fatalf("a has no checksum prober: %v", ap.CsumErr)
+	}
+	wireVXLAN(t, p, da, db)
+	answers := func(d *vxlanDevice, outcome string) float64 {
+		return value(d.metrics.csumProbes.WithLabelValues(outcome))
+	}
+	waitLong(t, "both nodes' checksum probes answered good", func() bool {
+		return answers(da, "good") >= probeCsumBad && answers(db, "good") >= probeCsumBad
+	})
+	for _, d := range []*vxlanDevice{da, db} {
+		if bad := answers(d, "bad") + answers(d, "lost"); bad != 0 {
+			t.Errorf("%v checksum probes bad or lost on sound paths", bad)
+		}
+	}
+
+	if err := a.NS.Do(func() error { return ethtool.SetTxChecksum("ul0", false) }); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name, outcome string
+		zeroOuter     bool
+	}{
+		// VXLAN's outer UDP checksum (on by default) covers the inner
+		// one: b's kernel drops the datagram, and the control's answer
+		// shows the probe lost for its checksum.
+		{"lost", "lost", false},
+		// Without an outer checksum the probe reaches b's router, which
+		// finds it wrong.
+		{"found wrong", "bad", true},
+	} {
+		errs, outcomes := udpCsumErrors(t, b), answers(da, c.outcome)
+		mangleInnerChecksums(t, b, "ul0", true, c.zeroOuter)
+		waitLong(t, c.name+": a's path to b down for checksums", func() bool {
+			st, _ := pathOf(da.Device, "b")
+			return strings.HasPrefix(st, "down since") && strings.Contains(st, "checksum")
+		})
+		st, _ := pathOf(da.Device, "b")
+		t.Logf("%s: a's path to b: %s", c.name, st)
+		if n := udpCsumErrors(t, b); !c.zeroOuter && n <= errs {
+			t.Errorf("%s: b's kernel dropped no datagram for its checksum (%d, was %d): the modelled fault did not happen", c.name, n, errs)
+		}
+		if st, _ := pathOf(db.Device, "a"); st != "ok" {
+			t.Errorf("%s: b's path to a: %q, want ok (only a's checksums are spoiled)", c.name, st)
+		}
+		if n := answers(da, c.outcome) - outcomes; n < probeCsumBad {
+			t.Errorf("%s: a counted %v probes %s, want at least %d", c.name, n, c.outcome, probeCsumBad)
+		}
+		mangleInnerChecksums(t, b, "ul0", false, false)
+		waitLong(t, c.name+": a's path to b back up", func() bool {
+			st, _ := pathOf(da.Device, "b")
+			return st == "ok"
+		})
+	}
+}
+
 // FuzzARPFrame: the prober reads whatever reaches the VXLAN device as
 // ARP, from any peer or forger: it never panics, reports an answer only
 // for a reply to this node's MAC, and answers (here: would answer) only
@@ -165,6 +286,27 @@ func FuzzARPFrame(f *testing.F) {
 		p.handle(b, func(mac [6]byte, addr netip.Addr) {
 			if len(b) < EthernetHeaderLen+arpLen || [6]byte(b[0:6]) != mine || [6]byte(b[EthernetHeaderLen+18:EthernetHeaderLen+24]) != mine {
 				t.Fatalf("answer from %x %s reported for a frame not sent to this node: % x", mac, addr, b)
+			}
+		})
+	})
+}
+
+// FuzzCsumHandle: the checksum prober reads whatever IPv4 UDP to its port
+// the VXLAN device brings, from any peer or pod of another node: it never
+// panics and reports a verdict only for an answer sent to this node's MAC.
+func FuzzCsumHandle(f *testing.F) {
+	self := netip.MustParseAddr("192.0.2.1")
+	mine, peer := VTEPMAC("a"), VTEPMAC("b")
+	from := netip.MustParseAddr("10.36.0.1")
+	for _, kind := range []byte{csumKindProbe, csumKindGood, csumKindBad, csumKindControl} {
+		f.Add(byte(0), appendCsumFrame(nil, mine, peer, from, self, kind, 7, true))
+	}
+	f.Add(byte(vnetNeedsCsum), appendCsumFrame(nil, mine, peer, from, self, csumKindProbe, 7, false))
+	f.Fuzz(func(t *testing.T, flags byte, b []byte) {
+		p := &ARPProber{mac: mine, self: self, closed: true}
+		p.handleCsum(flags, b, func(mac [6]byte, nonce uint64, good bool) {
+			if len(b) < 6 || [6]byte(b[0:6]) != mine {
+				t.Fatalf("verdict from %x reported for a frame not sent to this node: % x", mac, b)
 			}
 		})
 	})

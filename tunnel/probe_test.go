@@ -18,8 +18,12 @@ type fakeProber struct {
 	mu     sync.Mutex
 	probes []fakeProbe
 	answer func(e VTEPEntry, size int) bool
-	d      *Device
-	wg     sync.WaitGroup // answers on their way
+	// csum, if set, makes the test's peers answer checksum probes: answer
+	// says whether one comes, good what it says.
+	csum  func(e VTEPEntry) (answer, good bool)
+	csums int // checksum probes sent
+	d     *Device
+	wg    sync.WaitGroup // answers on their way
 }
 
 type fakeProbe struct {
@@ -40,8 +44,22 @@ func (f *fakeProber) Probe(e VTEPEntry, size int) error {
 	return nil
 }
 
-func (f *fakeProber) Run(func([6]byte, netip.Addr)) error { return nil }
-func (f *fakeProber) Close() error                        { return nil }
+func (f *fakeProber) ProbeChecksum(e VTEPEntry, src netip.Addr, nonce uint64) error {
+	f.mu.Lock()
+	f.csums++
+	csum := f.csum
+	f.mu.Unlock()
+	if csum == nil {
+		return nil
+	}
+	if answer, good := csum(e); answer {
+		f.wg.Go(func() { f.d.pathChecksum(e.MAC, nonce, good) })
+	}
+	return nil
+}
+
+func (f *fakeProber) Run(func([6]byte, netip.Addr), func([6]byte, uint64, bool)) error { return nil }
+func (f *fakeProber) Close() error                                                     { return nil }
 
 func (f *fakeProber) sent() []fakeProbe {
 	f.mu.Lock()
@@ -110,6 +128,80 @@ func TestPathHealthMisses(t *testing.T) {
 	}
 	if !h.down || h.hold != probeHold {
 		t.Fatalf("fall long after: down %v, hold %s; want %s", h.down, h.hold, probeHold)
+	}
+}
+
+// TestPathHealthChecksum: checksum probes found wrong, or lost while
+// their control passes, probeCsumBad rounds in a row take the path down
+// while the ARP probes are answered; rounds without any checksum answer
+// (a peer router that is down) change nothing; after such a fall the path
+// comes back only once the hold has passed and the peer found
+// probeRecover probes right in a row.
+func TestPathHealthChecksum(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	h := &pathHealth{size: 1454}
+	const (
+		none = iota
+		good
+		bad
+		lost // no answer, the control answered
+	)
+	round := func(csum int) pathEvent {
+		h.sent, h.got = true, true
+		h.csumNonce = 7
+		h.csumGot, h.csumCtl = map[int]int8{good: 1, bad: -1}[csum], csum != none
+		now = now.Add(probeInterval)
+		return h.tick(now)
+	}
+	round(good)
+	for range 30 {
+		if ev := round(none); ev != pathSame {
+			t.Fatalf("a round without checksum answers: %v %q, want no change", ev, h.status())
+		}
+	}
+	// A round without answers neither ends nor breaks a streak.
+	for i, c := range []int{bad, none, lost} {
+		if ev := round(c); ev != pathSame {
+			t.Fatalf("mixed round %d: %v %q, want no change", i, ev, h.status())
+		}
+	}
+	if ev := round(good); ev != pathSame || h.down {
+		t.Fatalf("a good answer among bad ones: %v %q", ev, h.status())
+	}
+	round(lost)
+	round(bad)
+	if ev := round(lost); ev != pathDown || !strings.Contains(h.status(), "checksum-offload fault") {
+		t.Fatalf("%d bad rounds: %v %q, want down for checksums", probeCsumBad, ev, h.status())
+	}
+	downAt := now
+	for now.Sub(downAt) < 3*probeHold {
+		if ev := round(none); ev != pathSame {
+			t.Fatalf("down for checksums, no checksum answers since: %v after %s, want held down", ev, now.Sub(downAt))
+		}
+	}
+	for i := range probeRecover - 1 {
+		if ev := round(good); ev != pathSame {
+			t.Fatalf("good answer %d after the hold: %v, want still down until %d", i+1, ev, probeRecover)
+		}
+	}
+	if ev := round(good); ev != pathUp {
+		t.Fatalf("%d good answers after the hold: %v %q, want up", probeRecover, ev, h.status())
+	}
+	// A fall for lost ARP probes comes back without checksum answers
+	// (an older peer never gives any).
+	for range probeMisses {
+		h.sent, h.got, h.csumNonce = true, false, 7
+		now = now.Add(probeInterval)
+		h.tick(now)
+	}
+	if !h.down {
+		t.Fatal("not down after the lost ARP probes")
+	}
+	for h.down && now.Sub(h.since) < 2*h.hold+10*probeInterval {
+		round(none)
+	}
+	if h.down {
+		t.Fatalf("not back without checksum answers after a fall for ARP: %q", h.status())
 	}
 }
 
