@@ -12,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/weft-net/weft/internal/ethtool"
+	"github.com/weft-net/weft/internal/netstat"
 	"github.com/weft-net/weft/tunnel"
 )
 
@@ -451,28 +452,13 @@ func spoilInnerChecksums(t *testing.T, ctx context.Context, from, to *Node, on b
 
 // udpCsumErrors is node n's kernel's count of UDP datagrams dropped for
 // their checksum (Udp InCsumErrors, /proc/net/snmp).
-func udpCsumErrors(t *testing.T, ctx context.Context, n *Node) int {
+func udpCsumErrors(t *testing.T, n *Node) int64 {
 	t.Helper()
-	out, err := n.NS.Exec(ctx, "cat", "/proc/net/snmp")
-	if err != nil {
+	var v int64
+	if err := n.NS.Do(func() (err error) { v, err = netstat.SNMP("Udp", "InCsumErrors"); return err }); err != nil {
 		t.Fatalf("%s: %v", n.Name, err)
 	}
-	lines := strings.Split(string(out), "\n")
-	for i := 0; i+1 < len(lines); i++ {
-		names, values := strings.Fields(lines[i]), strings.Fields(lines[i+1])
-		if len(names) < 2 || names[0] != "Udp:" || len(values) != len(names) || values[0] != "Udp:" {
-			continue
-		}
-		for j, name := range names {
-			if name == "InCsumErrors" {
-				var v int
-				fmt.Sscan(values[j], &v)
-				return v
-			}
-		}
-	}
-	t.Fatalf("%s: no Udp InCsumErrors in /proc/net/snmp", n.Name)
-	return 0
+	return v
 }
 
 // TestAutoVXLANChecksumFault: a TCP connection between pods of two auto
@@ -502,7 +488,7 @@ func TestAutoVXLANChecksumFault(t *testing.T) {
 	f := startTCPFlow(t, ctx, p0, p1)
 	f.waitTrips(t, ctx, "messages over vxlan", 20)
 
-	errs := udpCsumErrors(t, ctx, n1)
+	errs := udpCsumErrors(t, n1)
 	spoilInnerChecksums(t, ctx, n0, n1, true)
 	t.Cleanup(func() { spoilInnerChecksums(t, context.Background(), n0, n1, false) })
 	spoiled := time.Now()
@@ -515,7 +501,7 @@ func TestAutoVXLANChecksumFault(t *testing.T) {
 	if m1, err := dataModes(ctx, n1); err != nil || m1[n0.PeerName] != "vxlan" {
 		t.Errorf("n1 sends n0 %q (%v), want vxlan: only n0's checksums are spoiled", m1[n0.PeerName], err)
 	}
-	if n := udpCsumErrors(t, ctx, n1); n <= errs {
+	if n := udpCsumErrors(t, n1); n <= errs {
 		t.Errorf("n1's kernel dropped no datagram for its checksum (%d, was %d): the modelled fault did not happen", n, errs)
 	}
 	if v, err := metricSamples(ctx, n0, "weft_tunnel_vxlan_checksum_probes_total"); err != nil || v[`outcome="lost"`] < 3 {

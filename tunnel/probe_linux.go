@@ -208,7 +208,13 @@ func (p *ARPProber) Run(answered func(mac [6]byte, addr netip.Addr), verdict fun
 
 // runARP reads the ARP socket until Close.
 func (p *ARPProber) runARP(answered func(mac [6]byte, addr netip.Addr)) error {
-	rc, err := p.f.SyscallConn()
+	return readFrames(p.f, func(b []byte) { p.handle(b, answered) })
+}
+
+// readFrames reads the frames that come in on packet socket f (not this
+// node's own going out) and hands each to handle, until f is closed.
+func readFrames(f *os.File, handle func(b []byte)) error {
+	rc, err := f.SyscallConn()
 	if err != nil {
 		return err
 	}
@@ -233,7 +239,7 @@ func (p *ARPProber) runARP(answered func(mac [6]byte, addr netip.Addr)) error {
 		if ll, ok := from.(*unix.SockaddrLinklayer); ok && ll.Pkttype == unix.PACKET_OUTGOING {
 			continue
 		}
-		p.handle(buf[:n], answered)
+		handle(buf[:n])
 	}
 }
 
@@ -362,36 +368,11 @@ func (p *ARPProber) ProbeChecksum(e VTEPEntry, src netip.Addr, nonce uint64) err
 // runCsum reads the checksum socket until Close: a peer's probe is
 // checked and answered; an answer to this node's probe goes to verdict.
 func (p *ARPProber) runCsum(verdict func(mac [6]byte, nonce uint64, good bool)) error {
-	rc, err := p.csum.SyscallConn()
-	if err != nil {
-		return err
-	}
-	buf := make([]byte, 2048)
-	for {
-		var n int
-		var from unix.Sockaddr
-		var rerr error
-		err := rc.Read(func(fd uintptr) bool {
-			n, from, rerr = unix.Recvfrom(int(fd), buf, 0)
-			return rerr != unix.EAGAIN
-		})
-		if err != nil {
-			if errors.Is(err, os.ErrClosed) {
-				return nil
-			}
-			return err
+	return readFrames(p.csum, func(b []byte) {
+		if len(b) >= vnetHdrLen {
+			p.handleCsum(b[0], b[vnetHdrLen:], verdict)
 		}
-		if rerr != nil {
-			return rerr
-		}
-		if ll, ok := from.(*unix.SockaddrLinklayer); ok && ll.Pkttype == unix.PACKET_OUTGOING {
-			continue
-		}
-		if n < vnetHdrLen {
-			continue
-		}
-		p.handleCsum(buf[0], buf[vnetHdrLen:n], verdict)
-	}
+	})
 }
 
 // handleCsum reads one frame (vnetFlags from its virtio-net header);

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/weft-net/weft/internal/ethtool"
+	"github.com/weft-net/weft/internal/netstat"
 	"github.com/weft-net/weft/tunnel/internal/netnstest"
 )
 
@@ -178,24 +179,13 @@ func mangleInnerChecksums(t *testing.T, n *netnstest.Node, dev string, on, zeroO
 
 // udpCsumErrors is n's kernel's count of UDP datagrams dropped for a
 // wrong checksum (Udp InCsumErrors in /proc/net/snmp).
-func udpCsumErrors(t *testing.T, n *netnstest.Node) int {
+func udpCsumErrors(t *testing.T, n *netnstest.Node) int64 {
 	t.Helper()
-	lines := strings.Split(show(t, n.NS, "cat", "/proc/net/snmp"), "\n")
-	for i := 0; i+1 < len(lines); i++ {
-		names, values := strings.Fields(lines[i]), strings.Fields(lines[i+1])
-		if len(names) == 0 || names[0] != "Udp:" || len(values) != len(names) || values[0] != "Udp:" {
-			continue
-		}
-		for j, name := range names {
-			if name == "InCsumErrors" {
-				var v int
-				fmt.Sscan(values[j], &v)
-				return v
-			}
-		}
+	var v int64
+	if err := n.NS.Do(func() (err error) { v, err = netstat.SNMP("Udp", "InCsumErrors"); return err }); err != nil {
+		t.Fatalf("%s: %v", n.Name, err)
 	}
-	t.Fatalf("no Udp InCsumErrors in %s's /proc/net/snmp", n.Name)
-	return 0
+	return v
 }
 
 // TestKernelVXLANChecksumProbes: each router checks the checksum probes
