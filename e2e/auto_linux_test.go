@@ -348,13 +348,10 @@ func blockUnderlayVXLAN(t *testing.T, ctx context.Context, c *Cluster, on bool, 
 	}
 }
 
-// TestAutoVXLANFallback: the underlay starts dropping the VXLAN port
-// under a continuous ping between pods of two auto nodes: both nodes'
-// probes go unanswered, each falls back to udp for the other (the
-// routes move to weft-tun), the ping goes on, the status says why and
-// the change is counted. Once the port passes again both go back to
-// vxlan after the hold.
-func TestAutoVXLANFallback(t *testing.T) {
+// vxlanPodPair starts two auto nodes, each with a pod, and waits until
+// they send each other vxlan and both paths' probes are answered.
+func vxlanPodPair(t *testing.T) (*Cluster, context.Context, *Pod, *Pod) {
+	t.Helper()
 	c, ctx := startMeshCluster(t, 2)
 	waitModes(t, ctx, c, "vxlan")
 	n0, n1 := c.Nodes[0], c.Nodes[1]
@@ -366,11 +363,22 @@ func TestAutoVXLANFallback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Both paths have been answered before the block.
 	waitUntil(t, ctx, "both vxlan paths probed and answered", func() (bool, string) {
 		a, b := connLines(t, ctx, n0)[n1.PeerName], connLines(t, ctx, n1)[n0.PeerName]
 		return strings.Contains(a, "vxlan (kernel)") && strings.Contains(b, "vxlan (kernel)") && pathOK(ctx, n0, n1) && pathOK(ctx, n1, n0), a + " | " + b
 	})
+	return c, ctx, p0, p1
+}
+
+// TestAutoVXLANFallback: the underlay starts dropping the VXLAN port
+// under a continuous ping between pods of two auto nodes: both nodes'
+// probes go unanswered, each falls back to udp for the other (the
+// routes move to weft-tun), the ping goes on, the status says why and
+// the change is counted. Once the port passes again both go back to
+// vxlan after the hold.
+func TestAutoVXLANFallback(t *testing.T) {
+	c, ctx, p0, p1 := vxlanPodPair(t)
+	n0, n1 := p0.Node, p1.Node
 	f := startFlow(t, p0, p1)
 	f.waitReplies(t, ctx, "the ping over vxlan", 20)
 
@@ -471,20 +479,8 @@ func udpCsumErrors(t *testing.T, n *Node) int64 {
 // right again n0 goes back to vxlan after the hold, the connection still
 // up.
 func TestAutoVXLANChecksumFault(t *testing.T) {
-	c, ctx := startMeshCluster(t, 2)
-	waitModes(t, ctx, c, "vxlan")
-	n0, n1 := c.Nodes[0], c.Nodes[1]
-	p0, err := n0.AddPod(ctx, "p")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p1, err := n1.AddPod(ctx, "p")
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitUntil(t, ctx, "both vxlan paths probed and answered", func() (bool, string) {
-		return pathOK(ctx, n0, n1) && pathOK(ctx, n1, n0), ""
-	})
+	_, ctx, p0, p1 := vxlanPodPair(t)
+	n0, n1 := p0.Node, p1.Node
 	f := startTCPFlow(t, ctx, p0, p1)
 	f.waitTrips(t, ctx, "messages over vxlan", 20)
 
