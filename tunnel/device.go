@@ -172,7 +172,8 @@ type Device struct {
 	// the probes showed, by peer name (probe.go).
 	prober     PathProber
 	health     map[string]*pathHealth
-	probeErrAt time.Time // the last warning about a probe not sent
+	csumOut    map[uint64]string // the nonce of each checksum probe out this round -> its peer
+	probeErrAt time.Time         // the last warning about a probe not sent
 
 	closeOnce sync.Once
 	closeErr  error
@@ -255,7 +256,7 @@ func New(cfg Config) (*Device, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	d := &Device{cfg: cfg, log: cfg.Logger, closed: make(chan struct{}), now: cfg.Now, sessions: map[string]*peerSession{}, held: true, health: map[string]*pathHealth{}}
+	d := &Device{cfg: cfg, log: cfg.Logger, closed: make(chan struct{}), now: cfg.Now, sessions: map[string]*peerSession{}, held: true, health: map[string]*pathHealth{}, csumOut: map[uint64]string{}}
 	if err := d.setupCrypto(); err != nil {
 		return nil, err
 	}

@@ -59,7 +59,7 @@ const (
 	probeFlapWindow = 10 * time.Minute
 	probeSmall      = 64 // bytes: an ARP frame with the minimum Ethernet padding
 	probeHistory    = 2 * max(probeMisses, probeBigMisses, probeRecover)
-	probeCsumBad    = 3 // checksum probes in a row that the peer found wrong: down
+	probeCsumBad    = 3 // checksum rounds in a row bad (found wrong, or lost while the control passed): down
 )
 
 // pathHealth is what the probes of one peer's vxlan path showed.
@@ -260,6 +260,7 @@ func (d *Device) probeRound(now time.Time) {
 	want, _ := vtepEntries(s.peers)
 	changed := false
 	probed := map[string]bool{}
+	clear(d.csumOut)
 	for _, e := range want {
 		name := s.byAddr[e.Dst]
 		p := s.peers[name]
@@ -297,6 +298,7 @@ func (d *Device) probeRound(now time.Time) {
 			// A checksum probe each round; without a bridge address
 			// yet there is no source for it.
 			h.csumNonce = rand.Uint64() | 1
+			d.csumOut[h.csumNonce] = name
 			if err := d.prober.ProbeChecksum(e, d.src, h.csumNonce); err != nil && (d.probeErrAt.IsZero() || now.Sub(d.probeErrAt) >= time.Minute) {
 				d.probeErrAt = now
 				d.log.Warn("cannot send a vxlan checksum probe (warned once a minute)", "peer", name, "err", err)
@@ -351,20 +353,14 @@ func (d *Device) pathAnswered(mac [6]byte, addr netip.Addr) {
 func (d *Device) pathChecksum(mac [6]byte, nonce uint64, good bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	peers := d.snap.Load().peers
-	for name, h := range d.health {
-		if h.csumNonce == 0 || h.csumNonce != nonce|1 {
-			continue
-		}
-		p := peers[name]
-		switch {
-		case p == nil || p.vxlan == nil || p.vxlan.MAC != mac:
-		case nonce&1 == 0:
-			h.csumCtl = true
-		case h.csumGot == 0:
-			h.csumGot = map[bool]int8{true: 1, false: -1}[good]
-			d.metrics.csumProbes.WithLabelValues(map[bool]string{true: "good", false: "bad"}[good]).Inc()
-		}
-		return
+	name, ok := d.csumOut[nonce|1]
+	h, p := d.health[name], d.snap.Load().peers[name]
+	switch {
+	case !ok || h == nil || h.csumNonce != nonce|1 || p == nil || p.vxlan == nil || p.vxlan.MAC != mac:
+	case nonce&1 == 0:
+		h.csumCtl = true
+	case h.csumGot == 0:
+		h.csumGot = map[bool]int8{true: 1, false: -1}[good]
+		d.metrics.csumProbes.WithLabelValues(map[bool]string{true: "good", false: "bad"}[good]).Inc()
 	}
 }

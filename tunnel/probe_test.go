@@ -18,12 +18,10 @@ type fakeProber struct {
 	mu     sync.Mutex
 	probes []fakeProbe
 	answer func(e VTEPEntry, size int) bool
-	// csum, if set, makes the test's peers answer checksum probes: answer
-	// says whether one comes, good what it says.
-	csum  func(e VTEPEntry) (answer, good bool)
-	csums int // checksum probes sent
-	d     *Device
-	wg    sync.WaitGroup // answers on their way
+	csums  int    // checksum probes sent
+	nonce  uint64 // the last one's
+	d      *Device
+	wg     sync.WaitGroup // answers on their way
 }
 
 type fakeProbe struct {
@@ -46,15 +44,9 @@ func (f *fakeProber) Probe(e VTEPEntry, size int) error {
 
 func (f *fakeProber) ProbeChecksum(e VTEPEntry, src netip.Addr, nonce uint64) error {
 	f.mu.Lock()
+	defer f.mu.Unlock()
 	f.csums++
-	csum := f.csum
-	f.mu.Unlock()
-	if csum == nil {
-		return nil
-	}
-	if answer, good := csum(e); answer {
-		f.wg.Go(func() { f.d.pathChecksum(e.MAC, nonce, good) })
-	}
+	f.nonce = nonce
 	return nil
 }
 
@@ -202,6 +194,53 @@ func TestPathHealthChecksum(t *testing.T) {
 	}
 	if h.down {
 		t.Fatalf("not back without checksum answers after a fall for ARP: %q", h.status())
+	}
+}
+
+// TestChecksumAnswerMustMatch: an answer to a checksum probe counts only
+// from the probed peer's MAC, with the nonce of the probe out this round,
+// once; the control's answer (the nonce less one) marks the control; the
+// answers of an earlier round count no more.
+func TestChecksumAnswerMustMatch(t *testing.T) {
+	d, p, _, _ := newProbedNode(t, ModeAuto)
+	if err := d.SetPeers([]Peer{autoPeer(t, "b")}); err != nil {
+		t.Fatal(err)
+	}
+	d.mu.Lock()
+	d.src = netip.MustParseAddr("10.32.0.1")
+	d.mu.Unlock()
+	now := time.Unix(1_000_000, 0)
+	d.probeRound(now)
+	p.mu.Lock()
+	nonce, sent := p.nonce, p.csums
+	p.mu.Unlock()
+	if sent != 1 || nonce&1 != 1 {
+		t.Fatalf("%d checksum probes, nonce %#x; want 1, odd", sent, nonce)
+	}
+	state := func() (int8, bool) {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return d.health["b"].csumGot, d.health["b"].csumCtl
+	}
+	d.pathChecksum(VTEPMAC("c"), nonce, false)
+	d.pathChecksum(VTEPMAC("b"), nonce+2, false)
+	if got, ctl := state(); got != 0 || ctl {
+		t.Fatalf("answers from another MAC or with another nonce counted: %d %v", got, ctl)
+	}
+	d.pathChecksum(VTEPMAC("b"), nonce, false)
+	d.pathChecksum(VTEPMAC("b"), nonce, true)
+	if got, _ := state(); got != -1 {
+		t.Fatalf("b's answers bad then good: %d, want the first (-1)", got)
+	}
+	d.pathChecksum(VTEPMAC("b"), nonce-1, true)
+	if _, ctl := state(); !ctl {
+		t.Fatal("the control's answer did not count")
+	}
+	d.probeRound(now.Add(probeInterval))
+	d.pathChecksum(VTEPMAC("b"), nonce, true)
+	d.pathChecksum(VTEPMAC("b"), nonce-1, true)
+	if got, ctl := state(); got != 0 || ctl {
+		t.Fatalf("an earlier round's answers counted: %d %v", got, ctl)
 	}
 }
 
