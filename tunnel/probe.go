@@ -38,9 +38,9 @@ type PathProber interface {
 	// Probe sends one probe of size bytes (the Ethernet frame) to the
 	// peer at e.
 	Probe(e VTEPEntry, size int) error
-	// ProbeChecksum sends one checksum probe (csumprobe.go) with nonce
-	// from src, this node's bridge address, to the peer at e.
-	ProbeChecksum(e VTEPEntry, src netip.Addr, nonce uint64) error
+	// ProbeChecksum sends one round's checksum probes (csumprobe.go)
+	// with nonce to the peer at e.
+	ProbeChecksum(e VTEPEntry, nonce uint64) error
 	// Run reads answers until Close, calling answered with the VTEP MAC
 	// and address of the peer that answered, and verdict with the VTEP
 	// MAC of a peer that answered a checksum probe, its nonce and what
@@ -294,15 +294,11 @@ func (d *Device) probeRound(now time.Time) {
 			d.log.Warn("cannot send a vxlan path probe (warned once a minute)", "peer", name, "err", err)
 		}
 		h.sent = true
-		if d.src.IsValid() {
-			// A checksum probe each round; without a bridge address
-			// yet there is no source for it.
-			h.csumNonce = rand.Uint64() | 1
-			d.csumOut[h.csumNonce] = name
-			if err := d.prober.ProbeChecksum(e, d.src, h.csumNonce); err != nil && (d.probeErrAt.IsZero() || now.Sub(d.probeErrAt) >= time.Minute) {
-				d.probeErrAt = now
-				d.log.Warn("cannot send a vxlan checksum probe (warned once a minute)", "peer", name, "err", err)
-			}
+		h.csumNonce = rand.Uint64() | 1
+		d.csumOut[h.csumNonce] = name
+		if err := d.prober.ProbeChecksum(e, h.csumNonce); err != nil && (d.probeErrAt.IsZero() || now.Sub(d.probeErrAt) >= time.Minute) {
+			d.probeErrAt = now
+			d.log.Warn("cannot send a vxlan checksum probe (warned once a minute)", "peer", name, "err", err)
 		}
 		d.metrics.pathUp.WithLabelValues(name).Set(map[bool]float64{true: 0, false: 1}[h.down])
 	}

@@ -53,7 +53,6 @@ type ARPProber struct {
 	csum      *os.File
 	closeCsum func() error // closes csum once: Run and Close may both
 	CsumErr   error
-	src       netip.Addr // this node's bridge address, as its own probes last used it: the answers' source
 
 	mu      sync.Mutex
 	buf     []byte
@@ -89,7 +88,7 @@ func NewARPProber(ifidx int, dev string, mac [6]byte, self netip.Addr) (*ARPProb
 		}
 	}
 	p.readArp = func() int { return arpIgnore(p.sysctls) }
-	p.csum, p.CsumErr = openCsumSocket(ifidx, dev)
+	p.csum, p.CsumErr = openCsumSocket(ifidx, dev, self)
 	if p.csum != nil {
 		p.closeCsum = sync.OnceValue(p.csum.Close)
 	}
@@ -295,30 +294,40 @@ const (
 )
 
 // csumFilter is a classic BPF program for the checksum socket: IPv4 UDP,
-// not a fragment, to port ChecksumProbePort; everything else (every pod
-// packet the VXLAN device receives) is left alone at the cost of a few
-// instructions.
-var csumFilter = []unix.SockFilter{
-	{Code: 0x30, K: 23},                              // ldb [23]: the IP protocol
-	{Code: 0x15, Jt: 0, Jf: 6, K: protoUDP},          // jeq UDP, else drop
-	{Code: 0x28, K: 20},                              // ldh [20]: flags and fragment offset
-	{Code: 0x45, Jt: 4, Jf: 0, K: 0x1fff},            // jset offset: drop
-	{Code: 0xb1, K: EthernetHeaderLen},               // ldx 4*([14]&0xf): the IP header length
-	{Code: 0x48, K: EthernetHeaderLen + 2},           // ldh [x+16]: the UDP destination port
-	{Code: 0x15, Jt: 0, Jf: 1, K: ChecksumProbePort}, // jeq the probe port, else drop
-	{Code: 0x06, K: 0x40000},                         // ret: take it
-	{Code: 0x06, K: 0},                               // ret: drop
+// not a fragment, to this node's underlay address self and port
+// ChecksumProbePort. Probes and answers go between the nodes' underlay
+// addresses, which no pod's packet is routed to through the VXLAN device,
+// so a pod cannot reach the socket; every pod packet the device receives
+// is left alone at the cost of a few instructions.
+func csumFilter(self netip.Addr) []unix.SockFilter {
+	return []unix.SockFilter{
+		{Code: 0x30, K: 23},                     // ldb [23]: the IP protocol
+		{Code: 0x15, Jt: 0, Jf: 8, K: protoUDP}, // jeq UDP, else drop
+		{Code: 0x28, K: 20},                     // ldh [20]: flags and fragment offset
+		{Code: 0x45, Jt: 6, Jf: 0, K: 0x1fff},   // jset offset: drop
+		{Code: 0x20, K: 30},                     // ld [30]: the IP destination
+		{Code: 0x15, Jt: 0, Jf: 4, K: binary.BigEndian.Uint32(self.AsSlice())}, // jeq self, else drop
+		{Code: 0xb1, K: EthernetHeaderLen},                                     // ldx 4*([14]&0xf): the IP header length
+		{Code: 0x48, K: EthernetHeaderLen + 2},                                 // ldh [x+16]: the UDP destination port
+		{Code: 0x15, Jt: 0, Jf: 1, K: ChecksumProbePort},                       // jeq the probe port, else drop
+		{Code: 0x06, K: 0x40000},                                               // ret: take it
+		{Code: 0x06, K: 0},                                                     // ret: drop
+	}
 }
 
 // openCsumSocket opens the checksum probes' socket on the device. The
 // filter is attached before the socket is bound to a protocol, so that
 // no other frame is ever queued on it.
-func openCsumSocket(ifidx int, dev string) (*os.File, error) {
+func openCsumSocket(ifidx int, dev string, self netip.Addr) (*os.File, error) {
+	if !self.Is4() {
+		return nil, fmt.Errorf("vxlan checksum prober: %s is no IPv4 address", self)
+	}
 	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
 	if err != nil {
 		return nil, fmt.Errorf("opening the vxlan checksum prober: %w", err)
 	}
-	prog := unix.SockFprog{Len: uint16(len(csumFilter)), Filter: &csumFilter[0]}
+	filter := csumFilter(self)
+	prog := unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]}
 	for _, step := range []struct {
 		what string
 		do   func() error
@@ -337,30 +346,29 @@ func openCsumSocket(ifidx int, dev string) (*os.File, error) {
 	return os.NewFile(uintptr(fd), "csum-probe:"+dev), nil
 }
 
-// ProbeChecksum sends the two checksum probes of a round from src (this
-// node's bridge address) to e: with nonce (odd), its UDP checksum left to
-// the device; with nonce-1, the control, without a checksum. Without the
-// checksum socket it does nothing.
-func (p *ARPProber) ProbeChecksum(e VTEPEntry, src netip.Addr, nonce uint64) error {
+// ProbeChecksum sends the two checksum probes of a round from this
+// node's underlay address to e's: with nonce (odd), its UDP checksum left
+// to the device; with nonce-1, the control, without a checksum. Without
+// the checksum socket it does nothing.
+func (p *ARPProber) ProbeChecksum(e VTEPEntry, nonce uint64) error {
 	if p.csum == nil {
 		return nil
 	}
-	if !e.Addr.Is4() || !src.Is4() {
-		return fmt.Errorf("checksum probe of %s from %s: not IPv4", e.Addr, src)
+	if !e.Addr.Is4() {
+		return fmt.Errorf("checksum probe of %s: not IPv4", e.Addr)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
 		return os.ErrClosed
 	}
-	p.src = src
 	var h [vnetHdrLen]byte
 	h[0] = vnetNeedsCsum
 	binary.NativeEndian.PutUint16(h[6:], csumStart)
 	binary.NativeEndian.PutUint16(h[8:], csumOffset)
-	b := appendCsumFrame(append(p.buf[:0], h[:]...), e.MAC, p.mac, src, e.Addr, csumKindProbe, nonce|1, false)
+	b := appendCsumFrame(append(p.buf[:0], h[:]...), e.MAC, p.mac, p.self, e.Addr, csumKindProbe, nonce|1, false)
 	err := sendFrame(p.csum, b, unix.ETH_P_IP, p.ifidx, e.MAC)
-	b = appendCsumFrame(append(b[:0], make([]byte, vnetHdrLen)...), e.MAC, p.mac, src, e.Addr, csumKindControl, nonce&^1, false)
+	b = appendCsumFrame(append(b[:0], make([]byte, vnetHdrLen)...), e.MAC, p.mac, p.self, e.Addr, csumKindControl, nonce&^1, false)
 	p.buf = b
 	return errors.Join(err, sendFrame(p.csum, b, unix.ETH_P_IP, p.ifidx, e.MAC))
 }
@@ -380,14 +388,11 @@ func (p *ARPProber) runCsum(verdict func(mac [6]byte, nonce uint64, good bool)) 
 // it is ignored. It never panics.
 func (p *ARPProber) handleCsum(vnetFlags byte, b []byte, verdict func(mac [6]byte, nonce uint64, good bool)) {
 	f, ok := parseCsumFrame(b)
-	if !ok || f.dstMAC != p.mac || f.srcMAC == p.mac {
+	if !ok || f.dstMAC != p.mac || f.srcMAC == p.mac || f.dst != p.self {
 		return
 	}
 	if f.kind == csumKindGood || f.kind == csumKindBad {
 		verdict(f.srcMAC, f.nonce, f.kind == csumKindGood)
-		return
-	}
-	if f.dst != p.self {
 		return
 	}
 	// As the kernel would take it: a checksum still to be completed (a
@@ -402,11 +407,7 @@ func (p *ARPProber) handleCsum(vnetFlags byte, b []byte, verdict func(mac [6]byt
 	if p.closed {
 		return
 	}
-	src := p.src
-	if !src.IsValid() {
-		src = p.self
-	}
 	var h [vnetHdrLen]byte
-	b = appendCsumFrame(h[:], f.srcMAC, p.mac, src, f.src, kind, f.nonce, false)
+	b = appendCsumFrame(h[:], f.srcMAC, p.mac, p.self, f.src, kind, f.nonce, false)
 	_ = sendFrame(p.csum, b, unix.ETH_P_IP, p.ifidx, f.srcMAC) // a lost answer is a lost probe
 }

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/bpf"
+
 	"github.com/weft-net/weft/internal/ethtool"
 	"github.com/weft-net/weft/internal/netstat"
 	"github.com/weft-net/weft/tunnel/internal/netnstest"
@@ -287,7 +289,7 @@ func FuzzARPFrame(f *testing.F) {
 func FuzzCsumHandle(f *testing.F) {
 	self := netip.MustParseAddr("192.0.2.1")
 	mine, peer := VTEPMAC("a"), VTEPMAC("b")
-	from := netip.MustParseAddr("10.36.0.1")
+	from := netip.MustParseAddr("192.0.2.2")
 	for _, kind := range []byte{csumKindProbe, csumKindGood, csumKindBad, csumKindControl} {
 		f.Add(byte(0), appendCsumFrame(nil, mine, peer, from, self, kind, 7, true))
 	}
@@ -295,7 +297,7 @@ func FuzzCsumHandle(f *testing.F) {
 	f.Fuzz(func(t *testing.T, flags byte, b []byte) {
 		p := &ARPProber{mac: mine, self: self, closed: true}
 		p.handleCsum(flags, b, func(mac [6]byte, nonce uint64, good bool) {
-			if len(b) < 6 || [6]byte(b[0:6]) != mine {
+			if f, ok := parseCsumFrame(b); !ok || f.dstMAC != mine || f.dst != self {
 				t.Fatalf("verdict from %x reported for a frame not sent to this node: % x", mac, b)
 			}
 		})
@@ -355,5 +357,51 @@ func TestARPProberRereadsArpIgnore(t *testing.T) {
 	step(-time.Hour)
 	if !p.AnswersItself() {
 		t.Errorf("after the clock went back an hour, arp_ignore 1 not read")
+	}
+}
+
+// TestCsumFilter runs the checksum socket's BPF program (x/net/bpf's
+// VM): only IPv4 UDP to this node's underlay address and the probes'
+// port reaches the router. A pod's packets, which reach the VXLAN device
+// addressed to a pod or the bridge (the ranges routed through it), never
+// do, whatever their ports and payload; nor do fragments or TCP.
+func TestCsumFilter(t *testing.T) {
+	self, peer := netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.2")
+	var raw []bpf.RawInstruction
+	for _, in := range csumFilter(self) {
+		raw = append(raw, bpf.RawInstruction{Op: in.Code, Jt: in.Jt, Jf: in.Jf, K: in.K})
+	}
+	insns, ok := bpf.Disassemble(raw)
+	if !ok {
+		t.Fatal("the filter does not disassemble")
+	}
+	vm, err := bpf.NewVM(insns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mine, other := VTEPMAC("a"), VTEPMAC("b")
+	frame := func(src, dst netip.Addr, kind byte) []byte {
+		return appendCsumFrame(nil, mine, other, src, dst, kind, 7, true)
+	}
+	for _, c := range []struct {
+		name string
+		b    []byte
+		take bool
+	}{
+		{"a peer's probe", frame(peer, self, csumKindProbe), true},
+		{"a peer's answer", frame(peer, self, csumKindBad), true},
+		{"to a pod of this node", frame(netip.MustParseAddr("10.36.0.5"), netip.MustParseAddr("10.32.0.9"), csumKindBad), false},
+		{"to the bridge address", frame(netip.MustParseAddr("10.36.0.5"), netip.MustParseAddr("10.32.0.1"), csumKindBad), false},
+		{"another port", func() []byte { b := frame(peer, self, csumKindBad); b[csumStart+3]++; return b }(), false},
+		{"a fragment", func() []byte { b := frame(peer, self, csumKindBad); b[EthernetHeaderLen+7] = 8; return b }(), false},
+		{"tcp", func() []byte { b := frame(peer, self, csumKindBad); b[EthernetHeaderLen+9] = 6; return b }(), false},
+	} {
+		n, err := vm.Run(c.b)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if (n > 0) != c.take {
+			t.Errorf("%s: the filter returned %d, want taken %v", c.name, n, c.take)
+		}
 	}
 }

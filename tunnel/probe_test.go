@@ -42,7 +42,7 @@ func (f *fakeProber) Probe(e VTEPEntry, size int) error {
 	return nil
 }
 
-func (f *fakeProber) ProbeChecksum(e VTEPEntry, src netip.Addr, nonce uint64) error {
+func (f *fakeProber) ProbeChecksum(e VTEPEntry, nonce uint64) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.csums++
@@ -206,9 +206,6 @@ func TestChecksumAnswerMustMatch(t *testing.T) {
 	if err := d.SetPeers([]Peer{autoPeer(t, "b")}); err != nil {
 		t.Fatal(err)
 	}
-	d.mu.Lock()
-	d.src = netip.MustParseAddr("10.32.0.1")
-	d.mu.Unlock()
 	now := time.Unix(1_000_000, 0)
 	d.probeRound(now)
 	p.mu.Lock()
