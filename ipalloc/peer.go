@@ -65,6 +65,11 @@ type Peer struct {
 	// holdAskAt: while holding back (rejoin), no request before this tick.
 	holdAskAt  int64
 	holdAskSet bool
+	// pullAt: while holding back, the next pull of the rings it waits
+	// for; pullNext: where that pull starts among them (peer_rejoin.go).
+	pullAt   int64
+	pullSet  bool
+	pullNext int
 	// Donations given: the last request id served per requester.
 	served map[PeerName]uint64
 
@@ -883,6 +888,7 @@ func (p *Peer) Tick() {
 		p.paxosOut(p.px.Tick())
 	}
 	p.tickDonation()
+	p.pullHoldRings()
 	// Allocations that waited too long fail.
 	keep := p.pending[:0]
 	for _, w := range p.pending {

@@ -27,10 +27,20 @@ func (p *Peer) askDonation() {
 	if p.rejoin || p.startHold {
 		// Holding back, it does not know yet what it owns (peer_rejoin.go),
 		// and the owners' rings usually reach it within moments (at a
-		// fresh cluster's first claim, each owner broadcasts its own). Only
-		// a hold that lasts (a lost disk: nobody has news to broadcast)
-		// asks, once a donation retry has passed: the answer brings the
-		// donor's ring, which the hold waits for.
+		// fresh cluster's first claim, each owner shows its own), or it
+		// pulls them (pullHoldRings). It allocates nothing before the hold
+		// ends, from space given meanwhile or not. So a peer that its ring
+		// gives ranges asks for none: it allocates from its own once the
+		// hold ends, and asks then if they are full. A donation now would
+		// only split the ring (a fresh consensus=100 cluster with a pod
+		// on every node: 300 to 540 entries, and on a starved mesh of 200
+		// the owners did not agree within minutes while the splits
+		// spread). A peer that owns nothing asks once a donation retry
+		// has passed: it needs space anyway, and the answer brings the
+		// donor's ring.
+		if p.holdOwns() {
+			return
+		}
 		if !p.holdAskSet {
 			p.holdAskAt, p.holdAskSet = p.now+int64(p.cfg.Timing.DonationRetry), true
 		}

@@ -84,6 +84,17 @@ func (p *Peer) askFound() {
 // stepWant gives from the addresses it asks for that this peer owns and
 // does not hold, and answers with this peer's ring.
 func (p *Peer) stepWant(from PeerName, m *Want) {
+	if len(m.Addrs) == 0 {
+		// A pull of this peer's ring by a peer that holds back
+		// (pullHoldRings): answered at once, also while this peer holds
+		// (its ring is what it shows the others anyway: showClaim,
+		// AddPeer), since at a fresh start every peer holds and each
+		// waits for the others' rings.
+		if !p.a.ring.Empty() {
+			p.send(from, &RingMsg{Ring: p.a.Ring()})
+		}
+		return
+	}
 	if p.a.ring.Empty() || p.rejoin || p.startHold {
 		// Its view of its ranges may be stale: the last Want of each
 		// peer is kept, and answered when the hold ends, before anything

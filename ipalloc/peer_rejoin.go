@@ -249,3 +249,63 @@ func (p *Peer) rejoinStatus() string {
 	return fmt.Sprintf("%s: waiting to hear from every other owner of the ring (%s) before allocating; "+
 		"if one of them is gone for good, run 'weft rmpeer NAME' for it on this node", why, strings.Join(names(w), ", "))
 }
+
+// Pulling the rings a hold waits for. A hold ends on a claimed ring from
+// each peer it waits for, and those rings come unasked: the first claim
+// shown (showClaim), the ring a peer sends to each peer it learns of
+// (AddPeer), broadcasts of news, the mesh's push-pulls. Any of them may be
+// lost, and the push-pull brings a given peer's ring only when that peer
+// is the one picked (one in N every 30 s to 3 min). So once a hold has
+// lasted a donation retry, the holding peer pulls: every Timing.
+// DonationRetry ticks it sends an empty Want (a ring pull, peer_found.go)
+// to at most holdPullFanout of the live peers whose ring it still waits
+// for, in turn, and each answers with its ring, holding or not. That
+// replaces the donation a holding peer used to ask for only to get a
+// donor's ring (peer_donate.go).
+const holdPullFanout = 8
+
+// holdRingWaits lists the live peers whose claimed ring this holding peer
+// has not merged since it started and waits for, sorted.
+func (p *Peer) holdRingWaits() []PeerName {
+	var w []PeerName
+	switch {
+	case p.rejoin:
+		w = p.rejoinWaits()
+	case p.startHold:
+		w = p.startWaits()
+	}
+	var out []PeerName
+	for _, q := range w {
+		if q != p.cfg.Self && !p.ringPeers[q] && p.live(q) {
+			out = append(out, q)
+		}
+	}
+	return out
+}
+
+// holdOwns reports whether this peer's ring gives it ranges.
+func (p *Peer) holdOwns() bool { return slices.Contains(p.a.ring.Peers(), p.cfg.Self) }
+
+// pullHoldRings pulls the rings a lasting hold waits for (above).
+func (p *Peer) pullHoldRings() {
+	if !p.rejoin && !p.startHold || p.a.ring.Empty() || p.leave != nil || p.removedErr() != nil {
+		return
+	}
+	retry := int64(p.cfg.Timing.DonationRetry)
+	if !p.pullSet {
+		p.pullAt, p.pullSet = p.now+retry, true
+	}
+	if p.now < p.pullAt {
+		return
+	}
+	p.pullAt = p.now + retry
+	to := p.holdRingWaits()
+	if len(to) > holdPullFanout {
+		start := p.pullNext % len(to)
+		to = slices.Concat(to[start:], to[:start])[:holdPullFanout]
+		p.pullNext = start + holdPullFanout
+	}
+	for _, q := range to {
+		p.send(q, &Want{})
+	}
+}
