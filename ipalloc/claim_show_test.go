@@ -13,11 +13,7 @@ import "testing"
 // within minutes). Here no broadcast arrives at all, nor any Members ask.
 func TestConsensusClaimShownWithoutBroadcast(t *testing.T) {
 	const n = 7
-	inits := map[PeerName]Init{}
-	for i := range n {
-		inits[PeerName(string(rune('a'+i)))] = Init{Consensus: n}
-	}
-	c := newCluster(t, "10.32.0.0/12", inits)
+	c := newConsensusCluster(t, n)
 	c.noBroadcast = true
 	// The Members answers go along with the rings (each peer owns
 	// ranges, so its hold waits for every owner's members): no ask is

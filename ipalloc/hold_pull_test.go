@@ -12,11 +12,7 @@ import "testing"
 // itself, or neither allocates, for good.
 func TestHoldPullsRings(t *testing.T) {
 	const n = 7
-	inits := map[PeerName]Init{}
-	for i := range n {
-		inits[PeerName(string(rune('a'+i)))] = Init{Consensus: n}
-	}
-	c := newCluster(t, "10.32.0.0/12", inits)
+	c := newConsensusCluster(t, n)
 	c.noBroadcast = true
 	lose := true
 	pulls := 0

@@ -45,6 +45,16 @@ func newCluster(t *testing.T, universe string, inits map[PeerName]Init) *cluster
 	return c
 }
 
+// newConsensusCluster starts n peers a, b, c, ... with consensus=n over
+// a /12.
+func newConsensusCluster(t *testing.T, n int) *cluster {
+	inits := map[PeerName]Init{}
+	for i := range n {
+		inits[PeerName(string(rune('a'+i)))] = Init{Consensus: n}
+	}
+	return newCluster(t, "10.32.0.0/12", inits)
+}
+
 func (c *cluster) start(n PeerName) *Peer {
 	c.t.Helper()
 	p, err := NewPeer(PeerConfig{Self: n, Universe: c.u, Init: c.inits[n], Peers: c.names, Timing: simTiming,
