@@ -98,6 +98,9 @@ type Peer struct {
 	// owner of its ring (peer_rejoin.go): it holds back.
 	rejoin      bool
 	rejoinSaved bool // the disk says it holds back
+	// externalPending: PeerConfig.ExternalMembers, and the members kept
+	// outside have not been given since start (SetExternalMembers).
+	externalPending bool
 	// startHold: started with a ring on disk, and has not yet merged a
 	// claimed ring from a live peer since (peer_stale.go): its disk may
 	// be older than what the peers know of it, so it holds back.
@@ -263,6 +266,12 @@ type PeerConfig struct {
 	// StateName names where the state is kept, for the log (the state
 	// file); empty: "the saved state".
 	StateName string
+	// ExternalMembers says that the peers which share the ring are also
+	// recorded outside this peer (the Kubernetes ConfigMap's registered
+	// peers in --kube mode): a hold of a peer that started without state
+	// and owns ranges does not end before they have been given once since
+	// it started (SetExternalMembers). See peer_rejoin.go.
+	ExternalMembers bool
 }
 
 // HardState is everything a Peer keeps on disk. Apply keeps one up to date
@@ -433,6 +442,7 @@ func NewPeer(cfg PeerConfig, hs HardState) (*Peer, error) {
 	for _, n := range cfg.Peers {
 		p.AddPeer(n)
 	}
+	p.externalPending = cfg.ExternalMembers
 	p.fromState = hs.Ring != nil && !hs.Ring.Empty()
 	if !p.fromState || hs.Rejoin {
 		p.rejoin, p.a.frozen, p.rejoinSaved = true, true, hs.Rejoin

@@ -107,6 +107,47 @@ func (p *Peer) rejoinWaits() []PeerName {
 // waits until the peers it asks are upgraded. A peer that owns nothing in
 // its ring gets space only as a donation, which is safe: it asks nobody.
 
+// Members kept outside. The members a rejoin waits for are those some
+// peer it hears has on disk; a peer that got a donation from this peer's
+// lost self is among them only if a peer that knew of it is up. When
+// every peer that knew is down (the seed of make test-long's 11495 lost
+// its disk while the two peers that knew the ring were down, and heard only
+// a joiner as new as itself), nothing reachable names it, and the rejoin
+// ends on the first claim: two owners of one range. In --kube mode the
+// cluster keeps its members outside every peer (the ConfigMap's
+// registered peers), so there a rejoin that owns ranges also waits until
+// they have been read once since it started (SetExternalMembers): each
+// is then a member the hold waits for, as any member is, until it is back
+// or removed (the Node's deletion). The router reads them at start and
+// then every 30 s; without this wait, a read that failed or came late
+// (the API server unreachable while the node restarts) let the hold end
+// on what the mesh showed alone.
+
+// SetExternalMembers gives the members kept outside this peer (the
+// ConfigMap's registered peers), all of them: each becomes a member (this
+// peer itself is skipped), and a hold that waited for them may end.
+func (p *Peer) SetExternalMembers(qs []PeerName) error {
+	for _, q := range qs {
+		if err := ValidatePeerName(q); err != nil {
+			return fmt.Errorf("ipalloc: member %w", err)
+		}
+	}
+	for _, q := range qs {
+		if q != p.cfg.Self {
+			_ = p.AddMember(q) // validated above
+		}
+	}
+	if p.externalPending {
+		p.externalPending = false
+		p.completeReclaims() // checkRejoin, while it holds
+	}
+	return nil
+}
+
+// externalWait reports whether a rejoin that owns ranges still waits for
+// the members kept outside.
+func (p *Peer) externalWait() bool { return p.externalPending && p.rejoinOwns() }
+
 // rejoinOwns reports whether this peer holds back while its ring gives it
 // ranges: then it waits for every member too.
 func (p *Peer) rejoinOwns() bool {
@@ -202,7 +243,7 @@ func (p *Peer) heardLive() bool {
 
 // checkRejoin ends the hold once nothing is waited for.
 func (p *Peer) checkRejoin() {
-	if !p.rejoin || p.a.ring.Empty() || len(p.rejoinWaits()) > 0 || !p.heardLive() || p.removedErr() != nil {
+	if !p.rejoin || p.a.ring.Empty() || len(p.rejoinWaits()) > 0 || !p.heardLive() || p.removedErr() != nil || p.externalWait() {
 		// A removed peer stays frozen: its entries are its reclaimer's.
 		return
 	}
@@ -239,6 +280,10 @@ func (p *Peer) rejoinStatus() string {
 	why := "started without state"
 	if p.stale != "" {
 		why = "its saved state is older than what the peers know (" + p.stale + ")"
+	}
+	if p.externalWait() {
+		return why + ": waiting for the peers registered in the cluster's records (in --kube mode the ConfigMap) before allocating: " +
+			"one of them may hold what this peer's lost state gave away; if this lasts, check that the router can read the ConfigMap (its log says why not)"
 	}
 	if len(w) == 0 && p.rejoin && !p.a.ring.Empty() {
 		return why + ": waiting for the ring from a peer before allocating"

@@ -103,6 +103,11 @@ type ServiceConfig struct {
 	// (one transaction, one fsync), with how long it took by Now: for
 	// metrics. It runs on the owner and must be quick.
 	OnSave func(took time.Duration, err error)
+	// ExternalMembers: the peers that share the ring are also recorded
+	// outside (the ConfigMap in --kube mode), and a peer that starts
+	// without state does not allocate before they have been given once
+	// (SetExternalMembers; PeerConfig.ExternalMembers).
+	ExternalMembers bool
 }
 
 // DefaultGCGrace is a GCGrace for a router: longer than a runtime takes
@@ -330,7 +335,8 @@ func (s *Service) load() error {
 		return fmt.Errorf("the state in %s holds %d allocations but no ring, so it cannot tell which addresses are this peer's; "+
 			"restore the file from a backup, or (only after removing this node's pods) remove it to start afresh", s.db.Path(), len(hs.Allocations))
 	}
-	p, err := NewPeer(PeerConfig{Self: s.cfg.Self, Universe: RangeOf(s.universe), Init: s.cfg.Init, StateName: s.db.Path()}, hs)
+	p, err := NewPeer(PeerConfig{Self: s.cfg.Self, Universe: RangeOf(s.universe), Init: s.cfg.Init, StateName: s.db.Path(),
+		ExternalMembers: s.cfg.ExternalMembers}, hs)
 	if err != nil {
 		return err
 	}
@@ -695,6 +701,16 @@ func (s *Service) AddMembers(names []PeerName) error {
 		}
 	})
 	return errors.Join(append(errs, ferr)...)
+}
+
+// SetExternalMembers gives every member recorded outside this peer (the
+// ConfigMap's registered peers): they join the members, and a hold that
+// waited for them may end (Peer.SetExternalMembers). It returns once that
+// is on disk.
+func (s *Service) SetExternalMembers(names []PeerName) error {
+	var err error
+	ferr := s.update(func() { err = s.p.SetExternalMembers(names) })
+	return errors.Join(err, ferr)
 }
 
 // Withdraw calls off this peer's reclaim of name while its barrier is open

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -81,6 +82,14 @@ func casClientset() *fake.Clientset {
 func startKubeRouters(t *testing.T, universe string, hosts []string, resync time.Duration) (client *fake.Clientset, nodes []*inprocNode, hc *http.Client, stop func(*inprocNode)) {
 	t.Helper()
 	client = casClientset()
+	nodes, hc, stop = startKubeRoutersOn(t, client, universe, hosts, resync, nil)
+	return client, nodes, hc, stop
+}
+
+// startKubeRoutersOn is startKubeRouters on client; beforeRun, if set, is
+// called once every router is built, before any runs.
+func startKubeRoutersOn(t *testing.T, client *fake.Clientset, universe string, hosts []string, resync time.Duration, beforeRun func()) (nodes []*inprocNode, hc *http.Client, stop func(*inprocNode)) {
+	t.Helper()
 	ctx := context.Background()
 	for i, h := range hosts {
 		node := &corev1.Node{
@@ -134,6 +143,9 @@ func startKubeRouters(t *testing.T, universe string, hosts []string, resync time
 			}
 		}
 	})
+	if beforeRun != nil {
+		beforeRun()
+	}
 	stopped := map[*inprocNode]bool{}
 	for _, n := range nodes {
 		rctx, cancel := context.WithCancel(context.Background())
@@ -149,7 +161,7 @@ func startKubeRouters(t *testing.T, universe string, hosts []string, resync time
 		}
 	})
 
-	return client, nodes, hc, func(n *inprocNode) {
+	return nodes, hc, func(n *inprocNode) {
 		n.stop(t)
 		stopped[n] = true
 	}
@@ -276,5 +288,65 @@ func TestInProcessKube(t *testing.T) {
 				t.Errorf("%s: %s", n.name, l)
 			}
 		}
+	}
+}
+
+// TestKubeRejoinWaitsForRegisteredPeers: in --kube mode a router that
+// starts without state allocates nothing before it has read the peers
+// registered in the ConfigMap (one of them may hold what its lost state
+// gave away: ipalloc's TestRejoinWaitsForExternalMembers). Three fresh
+// routers make the first claim by consensus while every read of the
+// ConfigMap fails (the API server unreachable after they started): the
+// claim is made, but no router allocates, and each says why; once the
+// ConfigMap can be read, all of them do.
+func TestKubeRejoinWaitsForRegisteredPeers(t *testing.T) {
+	const universe = "10.42.0.0/20"
+	hosts := []string{"10.98.1.1", "10.98.1.2", "10.98.1.3"}
+	client := casClientset()
+	var unreachable atomic.Bool
+	client.PrependReactor("get", "configmaps", func(k8stesting.Action) (bool, k8sruntime.Object, error) {
+		if unreachable.Load() {
+			return true, nil, errors.New("injected: the API server is unreachable")
+		}
+		return false, nil, nil
+	})
+	nodes, hc, _ := startKubeRoutersOn(t, client, universe, hosts, 500*time.Millisecond, func() { unreachable.Store(true) })
+	ctx := context.Background()
+	owners := 0
+	waitUntil(t, "the first claim, its owners waiting for the registered peers", func() bool {
+		owners = 0
+		for _, n := range nodes {
+			rep := n.report(t, hc).IPAM
+			if rep.Seed == "none" {
+				return false
+			}
+			if len(rep.Owned) > 0 { // not a peer the chosen value left out
+				if !strings.Contains(rep.Status, "waiting for the peers registered") {
+					return false
+				}
+				owners++
+			}
+		}
+		return owners >= 2
+	})
+	for _, n := range nodes {
+		actx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		a, err := n.api.Allocate(actx, api.AllocateRequest{Attachment: api.Attachment{ContainerID: "early-" + n.name, IfName: "eth0"}})
+		cancel()
+		if err == nil {
+			t.Fatalf("%s allocated %s before it read the registered peers", n.name, a.Address)
+		}
+		if !strings.Contains(n.log.String(), "reading the peers registered in the ConfigMap failed") {
+			t.Errorf("%s's log does not say why it cannot read them", n.name)
+		}
+	}
+	unreachable.Store(false)
+	for _, n := range nodes {
+		waitUntil(t, n.name+" to allocate once the ConfigMap is read", func() bool {
+			actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			_, err := n.api.Allocate(actx, api.AllocateRequest{Attachment: api.Attachment{ContainerID: "pod-" + n.name, IfName: "eth0"}})
+			return err == nil
+		})
 	}
 }

@@ -47,6 +47,9 @@ func (r *Router) openIPAM(ctx context.Context) error {
 		Self: ipalloc.PeerName(r.name), Universe: r.cfg.Universe, Init: init, DB: r.db, Log: r.log,
 		OnSave:  r.metrics.observeSave,
 		GCGrace: r.cfg.GCGrace, Now: r.seams.now,
+		// In --kube mode the ConfigMap's registered peers are the members
+		// a peer that lost its state waits for (routineKube reads them).
+		ExternalMembers: r.kube != nil,
 	})
 	if err != nil {
 		return err

@@ -254,7 +254,9 @@ func withdrawOutcome(ipam ipamWithdrawer, name ipalloc.PeerName, log *slog.Logge
 }
 
 // kubeMembers adds the peers registered in the ConfigMap to the
-// allocator's members: every reclaim waits for them too.
+// allocator's members: every reclaim waits for them too, and so does the
+// hold of a peer that started without state (it does not end before they
+// have been read once: ipalloc's SetExternalMembers).
 func (r *Router) kubeMembers(ctx context.Context) error {
 	peers, err := r.kube.Peers(ctx)
 	if err != nil {
@@ -264,7 +266,7 @@ func (r *Router) kubeMembers(ctx context.Context) error {
 	for p := range peers {
 		names = append(names, ipalloc.PeerName(p))
 	}
-	return r.ipam.AddMembers(names)
+	return r.ipam.SetExternalMembers(names)
 }
 
 // routineKube feeds the node list to the mesh as join targets, records the
@@ -280,9 +282,28 @@ func (r *Router) routineKube(ctx context.Context) {
 	recorded, available := false, false
 	t := time.NewTicker(5 * time.Second)
 	defer t.Stop()
+	membersRead, failed := false, 0
 	for round := 0; ; round++ {
-		if round%kubeMembersEvery == 0 {
-			if err := r.kubeMembers(ctx); err != nil && ctx.Err() == nil {
+		if round%kubeMembersEvery == 0 || !membersRead {
+			// Every round until the first read succeeds: a peer that
+			// started without state allocates nothing before it. Bounded,
+			// so that the rest of the round (the mesh's targets from the
+			// node list) goes on while the ConfigMap cannot be read.
+			mctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			err := r.kubeMembers(mctx)
+			cancel()
+			switch {
+			case err == nil:
+				membersRead = true
+			case ctx.Err() != nil:
+			case !membersRead:
+				failed++
+				if failed%12 != 1 { // the first, then once a minute
+					break
+				}
+				r.log.Warn("kubernetes: reading the peers registered in the ConfigMap failed; retrying every 5s "+
+					"(a router that started without state allocates nothing before it has read them)", "err", err)
+			default:
 				r.log.Debug("kubernetes: reading the registered peers failed; retrying", "err", err)
 			}
 		}

@@ -1,0 +1,158 @@
+package ipalloc
+
+import (
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// TestRejoinWaitsForExternalMembers is make test-long's seed 11495 in
+// small, in --kube mode. Seeds a and b; c joins and gets a donation from
+// one of them, D. Then O (the other seed) and c are down, D loses its disk
+// and comes back with its seed claim, hearing only e, a joiner as new as
+// itself, and the operator removes O. Nothing D can reach names c: without
+// more, its hold ends on the first claim and O's takeover, and D owns again
+// the range its lost self gave c. (While D holds, its frozen ring names it
+// for that range, as any holding peer's does; it allocates nothing.) In --kube mode the ConfigMap names c
+// (ExternalMembers): D's hold does not end before the registered peers have
+// been read, and then waits for c like any member, until c is back and its
+// ring shows D what it no longer owns.
+func TestRejoinWaitsForExternalMembers(t *testing.T) {
+	seeds := []PeerName{"a", "b"}
+	inits := map[PeerName]Init{"a": {Seeds: seeds}, "b": {Seeds: seeds}, "c": {Seeds: seeds}}
+	c := newCluster(t, "10.32.0.0/24", inits)
+	firstClaim := map[PeerName][]Range{"a": c.peers["a"].Owned(), "b": c.peers["b"].Owned()}
+	c.run(5)
+	c.alloc("c", key(1))
+	c.run(10)
+	ans, ok := c.answer[key(1)]
+	if !ok || ans.Err != nil {
+		t.Fatalf("c got no address: %+v", ans)
+	}
+	donor := PeerName("")
+	for _, s := range seeds {
+		for _, r := range firstClaim[s] {
+			if r.Contains(ans.Address) {
+				donor = s
+			}
+		}
+	}
+	other := seeds[0]
+	if donor == other {
+		other = seeds[1]
+	}
+	if donor == "" || len(c.peers["c"].Owned()) == 0 {
+		t.Fatalf("c's address %s is from no seed's first claim, or c owns nothing", ans.Address)
+	}
+
+	// Every peer that knows of the donation is down; the donor's disk is
+	// lost, and it comes back hearing only a new joiner e.
+	c.peers[other], c.peers["c"] = nil, nil
+	c.inits["e"] = Init{Seeds: seeds}
+	c.names = append(c.names, "e")
+	c.disk["e"] = &HardState{}
+	c.restartKnowing("e", []PeerName{donor})
+	c.disk[donor] = &HardState{}
+	d, err := NewPeer(PeerConfig{Self: donor, Universe: c.u, Init: c.inits[donor], Peers: []PeerName{"e"}, Timing: simTiming,
+		Rand: rand.New(rand.NewPCG(3, 9)), ExternalMembers: true}, HardState{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.peers[donor] = d
+	c.ready(donor)
+	c.pushPull(donor, "e")
+	c.run(3 * simTiming.RemoveRetry)
+	if err := d.PeerGone(other); err != nil {
+		t.Fatalf("rmpeer %s on %s: %v", other, donor, err)
+	}
+	c.ready(donor)
+	// Pods start on D's node meanwhile: more than its first claim holds,
+	// so that an allocation ended early would take c's range.
+	for i := 100; i < 300; i++ {
+		c.alloc(donor, key(i))
+	}
+	c.run(3 * simTiming.RemoveRetry)
+	for i := 100; i < 300; i++ {
+		if a, ok := c.answer[key(i)]; ok && a.Err == nil {
+			t.Fatalf("%s allocated %s to %s before it had read the registered peers", donor, a.Address, key(i))
+		}
+	}
+	if st := d.Status().Rejoin; !strings.Contains(st, "registered") {
+		t.Fatalf("%s's hold, before the registered peers were read: %q; want it to wait for them", donor, st)
+	}
+
+	// The ConfigMap is read: c is a member, and the hold waits for it.
+	if err := d.SetExternalMembers([]PeerName{"a", "b", "c", "e"}); err != nil {
+		t.Fatal(err)
+	}
+	c.ready(donor)
+	c.run(3 * simTiming.RemoveRetry)
+	if st := d.Status().Rejoin; !strings.Contains(st, "(c)") {
+		t.Fatalf("%s's hold once the registered peers are read: %q; want it to wait for c", donor, st)
+	}
+
+	// c is back: the hold ends on its ring, and c's range stays c's.
+	c.restartKnowing("c", []PeerName{donor, "e"})
+	c.pushPull(donor, "c")
+	c.run(5 * simTiming.RemoveRetry)
+	if st := d.Status().Rejoin; st != "" {
+		t.Fatalf("%s still holds once c is back: %q", donor, st)
+	}
+	if r, ok := overlap(d, c.peers["c"]); ok {
+		t.Fatalf("%s and c both own %s", donor, r)
+	}
+	for i := 100; i < 300; i++ {
+		a, ok := c.answer[key(i)]
+		if !ok || a.Err != nil {
+			continue
+		}
+		for _, r := range c.peers["c"].Owned() {
+			if r.Contains(a.Address) {
+				t.Fatalf("%s gave %s to %s, in c's range %s", donor, a.Address, key(i), r)
+			}
+		}
+	}
+	if slices.Contains(d.Ring().Peers(), other) {
+		t.Errorf("%s still owns ranges after its rmpeer: %v", other, d.Ring().Entries)
+	}
+	c.alloc(donor, key(2))
+	c.run(3)
+	if a2, ok := c.answer[key(2)]; !ok || a2.Err != nil || a2.Address == ans.Address {
+		t.Fatalf("%s's allocation after the rejoin: %+v (c's pod has %s)", donor, a2, ans.Address)
+	}
+}
+
+// A peer without ExternalMembers does not wait for them, and one whose
+// ring gives it nothing (a joiner: its space comes as donations) does not
+// either; SetExternalMembers refuses an invalid name and adds nothing then.
+func TestExternalMembersOnlyHoldOwners(t *testing.T) {
+	u := rangeOf("10.32.0.0/24")
+	p, err := NewPeer(PeerConfig{Self: "j", Universe: u, Init: Init{Seeds: []PeerName{"a", "b"}}, ExternalMembers: true}, HardState{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.externalWait() {
+		t.Error("a joiner that owns nothing waits for the external members")
+	}
+	q, err := NewPeer(PeerConfig{Self: "a", Universe: u, Init: Init{Seeds: []PeerName{"a", "b"}}}, HardState{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q.externalWait() {
+		t.Error("a peer without ExternalMembers waits for them")
+	}
+	r, err := NewPeer(PeerConfig{Self: "a", Universe: u, Init: Init{Seeds: []PeerName{"a", "b"}}, ExternalMembers: true}, HardState{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.externalWait() {
+		t.Fatal("a seed without state and with ExternalMembers does not wait for them")
+	}
+	if err := r.SetExternalMembers([]PeerName{"k2", "not a name!"}); err == nil || !r.externalWait() || slices.Contains(r.Members(), "k2") {
+		t.Fatalf("SetExternalMembers with an invalid name: %v, still waiting %v, members %v", err, r.externalWait(), r.Members())
+	}
+	if err := r.SetExternalMembers([]PeerName{"a", "b", "k"}); err != nil || r.externalWait() || !slices.Contains(r.Members(), "k") || slices.Contains(r.Members(), "a") {
+		t.Fatalf("SetExternalMembers: %v, still waiting %v, members %v", err, r.externalWait(), r.Members())
+	}
+}
