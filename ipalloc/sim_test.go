@@ -27,8 +27,10 @@ import (
 // seed list, a joiner of another cluster), starts some schedules with one
 // peer that counts another consensus size (fixed by the operator later),
 // crashes some for good and removes them with rmpeer, and lets some leave
-// (weft reset), while a workload allocates and releases. After every step
-// it checks:
+// (weft reset), while a workload allocates and releases; in half the
+// schedules the peers run in --kube mode (the ConfigMap's registered peers
+// given as members kept outside, SetExternalMembers). After every step it
+// checks:
 //
 //   - no address is held twice: by two keys in the peers' memory and disks,
 //     nor by two containers (the pods' own view, which outlives a wipe);
@@ -46,7 +48,8 @@ import (
 //
 // What the model does NOT model (see docs/ipam.md#simulation): the
 // Service shell and its database (a failed save; tested in service tests),
-// Kubernetes (the ConfigMap, Node deletion), CNI GC (a Service test), time
+// Kubernetes beyond the registered peers (the informers, the reclaim's
+// marker, Node re-registration), CNI GC (a Service test), time
 // beyond ticks (every peer ticks at one rate), a restored backup of a disk
 // (a stale disk; see docs/ipam.md#lost-disk), bit flips on the wire or on
 // disk (the fuzzers), more than one fault of configuration at a time, and
@@ -58,7 +61,7 @@ var (
 	simSchedules = flag.Int("ipalloc.sim.schedules", 0, "number of simulation schedules (default 300; 100 with -race, 40 with -short; make test runs 1500, make test-long 10000)")
 	simSteps     = flag.Int("ipalloc.sim.steps", 0, "steps per simulation schedule (default 1500, 600 with -short)")
 	simFirst     = flag.Uint64("ipalloc.sim.first", 1, "seed of the first simulation schedule")
-	simFaults    = flag.String("ipalloc.sim.faults", "oneway,partialview,join,rename,mixedsize,wipe", "faults of the hard simulation to inject (comma-separated; also: otherseeds, stale, all)")
+	simFaults    = flag.String("ipalloc.sim.faults", "oneway,partialview,join,rename,mixedsize,wipe,kube", "faults of the hard simulation to inject (comma-separated; also: otherseeds, stale, all)")
 	simRmLive    = flag.Bool("ipalloc.sim.rmlive", true, "also rmpeer live peers cut off from the rest (a Node deleted while its router is cut off): it must stop allocating once it knows (on by default since 2,300 schedules with it were clean; -ipalloc.sim.rmlive=false turns it off)")
 )
 
@@ -123,6 +126,8 @@ type simPeer struct {
 	oddSize      int             // consensus: the size the operator wrongly gave it (0: none); fixed later
 	otherSeeds   bool            // seed list of another cluster: its ring is refused, it never allocates
 
+	extDue int // kube mode: the step its router reads the registered peers at (0: read since it started)
+
 	backup    *HardState   // a copy of its disk taken some steps before (the stale fault)
 	restored  bool         // its disk was restored from a backup once
 	staleKeys map[Key]bool // allocations of the restored disk whose pods were gone: records, not pods
@@ -185,6 +190,17 @@ type sim struct {
 	seen   map[simVersion]simEntry // scratch for checkRings
 	base   Init                    // the cluster's configuration
 
+	// kube mode (half the schedules): the ConfigMap's registered peers
+	// are members kept outside the peers (PeerConfig.ExternalMembers).
+	// Every peer registers as it starts; a Node deleted (rmpeer) is no
+	// longer registered. A router reads them 0-3 steps after it starts,
+	// every kubeReadEvery steps, and before a reclaim. Its draws come
+	// from krng, so that a schedule's other steps are those it has
+	// without kube mode (until the peers act otherwise).
+	kube     bool
+	krng     *rand.Rand
+	registry map[PeerName]bool
+
 	held    map[Key]Address  // answered and not released: what the containers hold
 	holder  map[Key]PeerName // the peer each held or waiting key was asked of
 	waiting map[Key]bool
@@ -223,6 +239,8 @@ func newSim(seed uint64, verbose bool) *sim {
 		held: map[Key]Address{}, holder: map[Key]PeerName{}, waiting: map[Key]bool{},
 		verbose: verbose,
 	}
+	s.krng = rand.New(rand.NewPCG(seed, 0x6b756265))
+	s.kube, s.registry = simFault("kube") && s.krng.IntN(2) == 0, map[PeerName]bool{}
 	n := 3 + s.rng.IntN(5)
 	plen := []int{24, 25, 26}[s.rng.IntN(3)]
 	s.u = Range{Start: 0x0a200000, End: 0x0a200000 + 1<<(32-plen)}
@@ -268,7 +286,7 @@ func newSim(seed uint64, verbose bool) *sim {
 	}
 	// Enough peers stay alive for a quorum and for two peers at least.
 	s.maxDie = min(quorumOf-(quorumOf/2+1), n-2)
-	s.tracef("seed %d: %d peers, universe %s, init %+v, at most %d die", seed, n, s.u, s.peers[0].init, s.maxDie)
+	s.tracef("seed %d: %d peers, universe %s, init %+v, at most %d die, kube mode %v", seed, n, s.u, s.peers[0].init, s.maxDie, s.kube)
 	for _, sp := range s.peers {
 		if s.rng.IntN(5) == 0 && sp != s.peers[0] {
 			s.tracef("%s starts late", sp.name)
@@ -311,13 +329,18 @@ func (s *sim) start(sp *simPeer) {
 	}
 	p, err := NewPeer(PeerConfig{
 		Self: sp.name, Universe: s.u, Init: sp.init, Peers: known, Timing: simTiming,
-		Rand: rand.New(rand.NewPCG(s.rng.Uint64(), s.rng.Uint64())),
+		Rand:            rand.New(rand.NewPCG(s.rng.Uint64(), s.rng.Uint64())),
+		ExternalMembers: s.kube,
 	}, sp.disk.Clone())
 	if err != nil {
 		s.fail("restart of %s: %v", sp.name, err)
 		return
 	}
 	sp.p = p
+	if s.kube {
+		s.registry[sp.name] = true
+		sp.extDue = s.step + s.krng.IntN(4) // read at the end of this start, or up to 3 steps later
+	}
 	// The router finds its pods' addresses on its bridge, at every start
 	// (docs/ipam.md, Persistence): those a lost or restored disk does not
 	// hold (sp.found), and those it holds (which a state found stale later
@@ -352,6 +375,39 @@ func (s *sim) start(sp *simPeer) {
 		sp.p.AddPeer(q.name)
 		s.ready(sp)
 	}
+	s.kubeStep()
+}
+
+// kubeReadEvery is how often (in steps) a router in kube mode reads the
+// registered peers again (routineKube, every 30 s).
+const kubeReadEvery = 40
+
+// kubeStep has every router in kube mode whose read is due read the
+// registered peers.
+func (s *sim) kubeStep() {
+	if !s.kube {
+		return
+	}
+	for _, sp := range s.peers {
+		if sp.p != nil && (sp.extDue != 0 && s.step >= sp.extDue || s.step%kubeReadEvery == 0) {
+			s.readRegistry(sp)
+		}
+	}
+}
+
+// readRegistry gives sp the registered peers, as its router reads them
+// from the ConfigMap.
+func (s *sim) readRegistry(sp *simPeer) {
+	if !s.kube || sp.p == nil {
+		return
+	}
+	sp.extDue = 0
+	names := slices.Sorted(maps.Keys(s.registry))
+	if err := sp.p.SetExternalMembers(names); err != nil {
+		s.fail("%s: the registered peers %v: %v", sp.name, names, err)
+		return
+	}
+	s.ready(sp)
 }
 
 func (s *sim) up() []*simPeer {
@@ -718,6 +774,7 @@ func (s *sim) handled(x *simPeer) bool {
 func (s *sim) randomStep() {
 	s.step++
 	s.c.Steps++
+	s.kubeStep()
 	up := s.up()
 	type action struct {
 		w  int
@@ -1220,6 +1277,10 @@ func (s *sim) rmpeer(x *simPeer) {
 	x.rmpeers++
 	by := s.pick(s.serving())
 	s.tracef("%s: rmpeer %s", by.name, x.name)
+	s.readRegistry(by) // kube mode: the reclaim reads the registered peers first (kubeReclaim)
+	if by.p == nil {
+		return // it went meanwhile (a confirmed leave): the operator tries again
+	}
 	if err := by.p.PeerGone(x.name); err != nil {
 		// Another (dead) peer is on it: the operator removes that one first.
 		if _, ok := errors.AsType[*ReclaimingError](err); !ok {
@@ -1232,6 +1293,9 @@ func (s *sim) rmpeer(x *simPeer) {
 	// otherwise it will be tried again. From then on, x's addresses may be
 	// handed out again: its pods are gone.
 	x.removed = x.removed || by.disk.Removed[x.name] == by.name
+	if x.removed {
+		delete(s.registry, x.name) // the Node is deleted: no longer registered
+	}
 }
 
 // check verifies the invariants: no address held by two keys anywhere
@@ -1380,6 +1444,7 @@ func (s *sim) settle(what string) {
 	}
 	for round := 0; round < 3000 && s.err == nil; round++ {
 		s.step++
+		s.kubeStep()
 		for len(s.net) > 0 && s.err == nil {
 			s.deliver(s.rng.IntN(len(s.net)))
 		}
