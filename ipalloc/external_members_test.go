@@ -156,3 +156,100 @@ func TestExternalMembersOnlyHoldOwners(t *testing.T) {
 		t.Fatalf("SetExternalMembers: %v, still waiting %v, members %v", err, r.externalWait(), r.Members())
 	}
 }
+
+// TestRejoinWaitsForRegisteredMembersInUse is make test-long's seed 10788
+// in small: a registered peer that owns nothing in the ring the rejoining
+// peer hears (it lost its state too) still runs pods on addresses of the
+// rejoining peer's ranges, given to it by the lost self. Its ring (the
+// first claim) says nothing of them; its Members answer does (InUse). The
+// rejoin waits for that answer from every registered peer, as from every
+// owner, and so holds those addresses for it, not for a pod of its own.
+func TestRejoinWaitsForRegisteredMembersInUse(t *testing.T) {
+	seeds := []PeerName{"a", "b"}
+	inits := map[PeerName]Init{"a": {Seeds: seeds}, "b": {Seeds: seeds}, "c": {Seeds: seeds}}
+	c := newCluster(t, "10.32.0.0/24", inits)
+	firstClaim := map[PeerName][]Range{"a": c.peers["a"].Owned(), "b": c.peers["b"].Owned()}
+	c.run(5)
+	for i := 1; i <= 4; i++ {
+		c.alloc("c", key(i))
+	}
+	c.run(10)
+	pods := map[Key]Address{}
+	for i := 1; i <= 4; i++ {
+		ans, ok := c.answer[key(i)]
+		if !ok || ans.Err != nil {
+			t.Fatalf("c got no address for %s: %+v", key(i), ans)
+		}
+		pods[key(i)] = ans.Address
+	}
+	donor := PeerName("")
+	for _, s := range seeds {
+		for _, r := range firstClaim[s] {
+			if r.Contains(pods[key(1)]) {
+				donor = s
+			}
+		}
+	}
+	other := seeds[0]
+	if donor == other {
+		other = seeds[1]
+	}
+	// The other seed dies and is removed; the donor and c both lose their
+	// disks, c's pods still running.
+	c.peers[other] = nil
+	if err := c.peers[donor].PeerGone(other); err != nil {
+		t.Fatal(err)
+	}
+	c.ready(donor)
+	c.run(3 * simTiming.RemoveRetry)
+	c.peers[donor], c.peers["c"] = nil, nil
+	c.disk[donor], c.disk["c"] = &HardState{}, &HardState{}
+	registered := []PeerName{donor, "c"} // the removed seed's Node is deleted
+	start := func(n PeerName, peers []PeerName) *Peer {
+		p, err := NewPeer(PeerConfig{Self: n, Universe: c.u, Init: c.inits[n], Peers: peers, Timing: simTiming,
+			Rand: rand.New(rand.NewPCG(uint64(len(n)), 11)), ExternalMembers: true}, HardState{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.peers[n] = p
+		return p
+	}
+	cp := start("c", []PeerName{donor})
+	cp.HoldFound(pods)
+	c.ready("c")
+	d := start(donor, []PeerName{"c"})
+	c.ready(donor)
+	for _, p := range []*Peer{cp, d} {
+		if err := p.SetExternalMembers(registered); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.ready("c")
+	c.ready(donor)
+	// Nobody remembers the removal any more: the operator runs it again.
+	if err := d.PeerGone(other); err != nil {
+		t.Fatal(err)
+	}
+	c.ready(donor)
+	// The donor's node starts pods of its own at once: they must not get
+	// c's addresses.
+	for i := 100; i < 350; i++ {
+		c.alloc(donor, key(i))
+	}
+	c.pushPull(donor, "c")
+	c.run(5 * simTiming.RemoveRetry)
+	if st := d.Status().Rejoin; st != "" {
+		t.Fatalf("%s still holds: %q", donor, st)
+	}
+	for i := 100; i < 350; i++ {
+		a, ok := c.answer[key(i)]
+		if !ok || a.Err != nil {
+			continue
+		}
+		for k, used := range pods {
+			if a.Address == used {
+				t.Fatalf("%s gave %s to %s; c's pod %s uses it", donor, used, key(i), k)
+			}
+		}
+	}
+}

@@ -101,6 +101,7 @@ type Peer struct {
 	// externalPending: PeerConfig.ExternalMembers, and the members kept
 	// outside have not been given since start (SetExternalMembers).
 	externalPending bool
+	external        map[PeerName]bool // the members given by SetExternalMembers (registered peers)
 	// startHold: started with a ring on disk, and has not yet merged a
 	// claimed ring from a live peer since (peer_stale.go): its disk may
 	// be older than what the peers know of it, so it holds back.

@@ -79,7 +79,7 @@ func (p *Peer) rejoinWaits() []PeerName {
 	}
 	var out []PeerName
 	for q := range wait {
-		if !p.ringPeers[q] || (owns && owners[q] && !p.membersFrom[q]) {
+		if !p.ringPeers[q] || (owns && (owners[q] || p.external[q]) && !p.membersFrom[q]) {
 			out = append(out, q)
 		}
 	}
@@ -135,6 +135,15 @@ func (p *Peer) SetExternalMembers(qs []PeerName) error {
 	for _, q := range qs {
 		if q != p.cfg.Self {
 			_ = p.AddMember(q) // validated above
+			if p.external == nil {
+				p.external = map[PeerName]bool{}
+			}
+			if !p.external[q] {
+				p.external[q] = true
+				if p.ringPeers[q] {
+					p.askMembers(q) // its ring came first: its answer now
+				}
+			}
 		}
 	}
 	if p.externalPending {
@@ -157,7 +166,7 @@ func (p *Peer) rejoinOwns() bool {
 // askMembers asks q for its members if q is an owner whose ring this
 // peer just merged (Step), while its rejoin waits for them.
 func (p *Peer) askMembers(q PeerName) {
-	if p.rejoinOwns() && slices.Contains(p.a.ring.Peers(), q) {
+	if p.rejoinOwns() && (slices.Contains(p.a.ring.Peers(), q) || p.external[q]) {
 		p.askOwnerMembers(q)
 	}
 }
@@ -169,6 +178,11 @@ func (p *Peer) askAllMembers() {
 		return
 	}
 	for _, q := range p.a.ring.Peers() {
+		if p.ringPeers[q] {
+			p.askOwnerMembers(q)
+		}
+	}
+	for q := range p.external {
 		if p.ringPeers[q] {
 			p.askOwnerMembers(q)
 		}
