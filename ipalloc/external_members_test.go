@@ -20,31 +20,8 @@ import (
 // ring shows D what it no longer owns.
 func TestRejoinWaitsForExternalMembers(t *testing.T) {
 	seeds := []PeerName{"a", "b"}
-	inits := map[PeerName]Init{"a": {Seeds: seeds}, "b": {Seeds: seeds}, "c": {Seeds: seeds}}
-	c := newCluster(t, "10.32.0.0/24", inits)
-	firstClaim := map[PeerName][]Range{"a": c.peers["a"].Owned(), "b": c.peers["b"].Owned()}
-	c.run(5)
-	c.alloc("c", key(1))
-	c.run(10)
-	ans, ok := c.answer[key(1)]
-	if !ok || ans.Err != nil {
-		t.Fatalf("c got no address: %+v", ans)
-	}
-	donor := PeerName("")
-	for _, s := range seeds {
-		for _, r := range firstClaim[s] {
-			if r.Contains(ans.Address) {
-				donor = s
-			}
-		}
-	}
-	other := seeds[0]
-	if donor == other {
-		other = seeds[1]
-	}
-	if donor == "" || len(c.peers["c"].Owned()) == 0 {
-		t.Fatalf("c's address %s is from no seed's first claim, or c owns nothing", ans.Address)
-	}
+	c, pods, donor, other := donatedTo(t, 1)
+	ans := Answer{Key: key(1), Address: pods[key(1)]}
 
 	// Every peer that knows of the donation is down; the donor's disk is
 	// lost, and it comes back hearing only a new joiner e.
@@ -165,35 +142,7 @@ func TestExternalMembersOnlyHoldOwners(t *testing.T) {
 // rejoin waits for that answer from every registered peer, as from every
 // owner, and so holds those addresses for it, not for a pod of its own.
 func TestRejoinWaitsForRegisteredMembersInUse(t *testing.T) {
-	seeds := []PeerName{"a", "b"}
-	inits := map[PeerName]Init{"a": {Seeds: seeds}, "b": {Seeds: seeds}, "c": {Seeds: seeds}}
-	c := newCluster(t, "10.32.0.0/24", inits)
-	firstClaim := map[PeerName][]Range{"a": c.peers["a"].Owned(), "b": c.peers["b"].Owned()}
-	c.run(5)
-	for i := 1; i <= 4; i++ {
-		c.alloc("c", key(i))
-	}
-	c.run(10)
-	pods := map[Key]Address{}
-	for i := 1; i <= 4; i++ {
-		ans, ok := c.answer[key(i)]
-		if !ok || ans.Err != nil {
-			t.Fatalf("c got no address for %s: %+v", key(i), ans)
-		}
-		pods[key(i)] = ans.Address
-	}
-	donor := PeerName("")
-	for _, s := range seeds {
-		for _, r := range firstClaim[s] {
-			if r.Contains(pods[key(1)]) {
-				donor = s
-			}
-		}
-	}
-	other := seeds[0]
-	if donor == other {
-		other = seeds[1]
-	}
+	c, pods, donor, other := donatedTo(t, 4)
 	// The other seed dies and is removed; the donor and c both lose their
 	// disks, c's pods still running.
 	c.peers[other] = nil
@@ -252,4 +201,44 @@ func TestRejoinWaitsForRegisteredMembersInUse(t *testing.T) {
 			}
 		}
 	}
+}
+
+// donatedTo starts seeds a and b and a joiner c, has c allocate pods
+// addresses (keys 1..pods), and returns the cluster, c's pods, the seed
+// that gave c its space (the donor) and the other seed. Every assertion of
+// the setup is here: each pod got an address, all from the donor's first
+// claim, and c owns space.
+func donatedTo(t *testing.T, pods int) (c *cluster, addrs map[Key]Address, donor, other PeerName) {
+	t.Helper()
+	seeds := []PeerName{"a", "b"}
+	c = newCluster(t, "10.32.0.0/24", map[PeerName]Init{"a": {Seeds: seeds}, "b": {Seeds: seeds}, "c": {Seeds: seeds}})
+	firstClaim := map[PeerName][]Range{"a": c.peers["a"].Owned(), "b": c.peers["b"].Owned()}
+	c.run(5)
+	for i := 1; i <= pods; i++ {
+		c.alloc("c", key(i))
+	}
+	c.run(10)
+	addrs = map[Key]Address{}
+	for i := 1; i <= pods; i++ {
+		ans, ok := c.answer[key(i)]
+		if !ok || ans.Err != nil {
+			t.Fatalf("c got no address for %s: %+v", key(i), ans)
+		}
+		addrs[key(i)] = ans.Address
+	}
+	for _, s := range seeds {
+		for _, r := range firstClaim[s] {
+			if r.Contains(addrs[key(1)]) {
+				donor = s
+			}
+		}
+	}
+	other = seeds[0]
+	if donor == other {
+		other = seeds[1]
+	}
+	if donor == "" || len(c.peers["c"].Owned()) == 0 {
+		t.Fatalf("c's address %s is from no seed's first claim, or c owns nothing", addrs[key(1)])
+	}
+	return c, addrs, donor, other
 }

@@ -98,10 +98,9 @@ type Peer struct {
 	// owner of its ring (peer_rejoin.go): it holds back.
 	rejoin      bool
 	rejoinSaved bool // the disk says it holds back
-	// externalPending: PeerConfig.ExternalMembers, and the members kept
-	// outside have not been given since start (SetExternalMembers).
-	externalPending bool
-	external        map[PeerName]bool // the members given by SetExternalMembers (registered peers)
+	// external: the members kept outside given by SetExternalMembers
+	// (registered peers); nil until the first call since start.
+	external map[PeerName]bool
 	// startHold: started with a ring on disk, and has not yet merged a
 	// claimed ring from a live peer since (peer_stale.go): its disk may
 	// be older than what the peers know of it, so it holds back.
@@ -443,7 +442,6 @@ func NewPeer(cfg PeerConfig, hs HardState) (*Peer, error) {
 	for _, n := range cfg.Peers {
 		p.AddPeer(n)
 	}
-	p.externalPending = cfg.ExternalMembers
 	p.fromState = hs.Ring != nil && !hs.Ring.Empty()
 	if !p.fromState || hs.Rejoin {
 		p.rejoin, p.a.frozen, p.rejoinSaved = true, true, hs.Rejoin

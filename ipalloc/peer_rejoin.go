@@ -132,30 +132,33 @@ func (p *Peer) SetExternalMembers(qs []PeerName) error {
 			return fmt.Errorf("ipalloc: member %w", err)
 		}
 	}
+	first := p.external == nil
+	if first {
+		p.external = map[PeerName]bool{}
+	}
 	for _, q := range qs {
-		if q != p.cfg.Self {
-			_ = p.AddMember(q) // validated above
-			if p.external == nil {
-				p.external = map[PeerName]bool{}
-			}
-			if !p.external[q] {
-				p.external[q] = true
-				if p.ringPeers[q] {
-					p.askMembers(q) // its ring came first: its answer now
-				}
+		if q == p.cfg.Self {
+			continue
+		}
+		_ = p.AddMember(q) // validated above (every read: the barrier's reminders)
+		if !p.external[q] {
+			p.external[q] = true
+			if p.ringPeers[q] {
+				p.askMembers(q) // its ring came first: its answer now
 			}
 		}
 	}
-	if p.externalPending {
-		p.externalPending = false
+	if first {
 		p.completeReclaims() // checkRejoin, while it holds
 	}
 	return nil
 }
 
 // externalWait reports whether a rejoin that owns ranges still waits for
-// the members kept outside.
-func (p *Peer) externalWait() bool { return p.externalPending && p.rejoinOwns() }
+// the members kept outside: none given since start.
+func (p *Peer) externalWait() bool {
+	return p.cfg.ExternalMembers && p.external == nil && p.rejoinOwns()
+}
 
 // rejoinOwns reports whether this peer holds back while its ring gives it
 // ranges: then it waits for every member too.
