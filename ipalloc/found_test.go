@@ -268,3 +268,91 @@ func TestMembersAnswerCarriesFoundPods(t *testing.T) {
 		t.Errorf("a does not hold %s for its pod (got %s, %v); events: %v", wanted, got, ok, c.events)
 	}
 }
+
+// TestLateAckReportIsNoDuplicate (make test-long seed 17740): b's
+// acknowledgement of a's removal of x reports an address in use on b's
+// node, but it arrives late: meanwhile that pod is gone and the address
+// is a's and held by a's own pod. The takeover keeps it with a, as before,
+// and does not warn of two pods with one address: b does not use it any
+// more, so b does not ask for it either.
+func TestLateAckReportIsNoDuplicate(t *testing.T) {
+	c := newCluster(t, "10.32.0.0/26", seeded("a", "b", "x"))
+	c.run(5)
+	oldRing := c.peers["b"].Ring() // what b's late acknowledgement carries
+	c.peers["x"] = nil             // x dies
+	if err := c.peers["a"].PeerGone("x"); err != nil {
+		t.Fatal(err)
+	}
+	c.ready("a")
+	c.run(3 * simTiming.RemoveRetry)
+	if !c.hasEvent("rmpeer of x") {
+		t.Fatalf("a did not take x over: %v", c.events)
+	}
+	c.alloc("a", key(1))
+	c.run(1)
+	ans := c.answer[key(1)]
+	if ans.Err != nil {
+		t.Fatal(ans.Err)
+	}
+
+	// The acknowledgement b sent while its (since deleted) pod used the
+	// address, delivered now.
+	if err := c.peers["a"].Step("b", &RemoveAck{Peer: "x", Ring: oldRing, Members: []PeerName{"a"}, InUse: []Address{ans.Address}}); err != nil {
+		t.Fatal(err)
+	}
+	c.ready("a")
+	c.run(3 * simTiming.RemoveRetry)
+	if got, ok := c.peers["a"].Lookup(key(1)); !ok || got != ans.Address {
+		t.Fatalf("a no longer holds %s for its pod (got %s, %v)", ans.Address, got, ok)
+	}
+	if o, _ := c.peers["a"].Ring().Owner(ans.Address); o != "a" {
+		t.Errorf("a's ring gives %s, which a's pod uses, to %s", ans.Address, o)
+	}
+	if c.hasEvent("two pods have one address") {
+		t.Errorf("a warned of a duplicate that a late report made: %v", c.events)
+	}
+}
+
+// TestDuplicateAtTakeoverReported: pods on both a's and b's nodes use an
+// address in x's range (each found on its bridge after its state was
+// lost; a donation that both lost). When a takes x over, the address
+// stays with a's pod, and b, whose pod still uses it, asks a for it: a
+// warns, naming both, and b does not hold it.
+func TestDuplicateAtTakeoverReported(t *testing.T) {
+	c := newCluster(t, "10.32.0.0/26", seeded("a", "b", "x"))
+	c.run(5)
+	xRanges := c.peers["x"].Owned()
+	if len(xRanges) == 0 {
+		t.Fatal("x owns nothing")
+	}
+	dup := xRanges[0].Start + 3
+	c.peers["x"] = nil // x dies
+	c.peers["a"].HoldFound(map[Key]Address{key(200): dup})
+	c.ready("a")
+	b := c.wipe("b", []PeerName{"a"})
+	b.HoldFound(map[Key]Address{key(100): dup})
+	c.ready("b")
+	c.pushPull("a", "b")
+	c.run(3 * simTiming.RemoveRetry)
+	if c.hasEvent("two pods have one address") {
+		t.Fatalf("warned before x's range has an owner that holds it: %v", c.events)
+	}
+
+	if err := c.peers["a"].PeerGone("x"); err != nil {
+		t.Fatal(err)
+	}
+	c.ready("a")
+	c.run(6 * simTiming.RemoveRetry)
+	if !c.hasEvent("rmpeer of x") {
+		t.Fatalf("a did not take x over: %v", c.events)
+	}
+	if got, ok := c.peers["a"].Lookup(key(200)); !ok || got != dup {
+		t.Fatalf("a does not hold %s for its pod (got %s, %v); events: %v", dup, got, ok, c.events)
+	}
+	if _, ok := b.Lookup(key(100)); ok {
+		t.Errorf("b holds %s too", dup)
+	}
+	if !c.hasEvent("b asks for " + dup.String()) {
+		t.Errorf("a did not report the address both nodes use: %v", c.events)
+	}
+}

@@ -180,8 +180,18 @@ func addressRuns(addrs []Address) []Range {
 // if this peer owns them now (x's ranges it took over, or its own: a
 // donation of its own that it lost with a stale disk) and does not hold
 // them. An address that this peer holds, or that its own node uses too,
-// or that two acknowledgers report, is a duplicate already: it stays with
-// the first and is reported.
+// or that two acknowledgers report, stays with the first.
+//
+// None of those is reported here: a report is as old as its
+// acknowledgement, which can arrive long after it was sent (and after
+// the reclaim completed: an acknowledgement late to a complete reclaim
+// is handed on too). Meanwhile the acknowledger's pod may be gone and
+// the address given here and handed out again (make test-long seed
+// 17740: a stateless acker's report arrived after the acker
+// had given the address to this peer, which gave it to a new pod). An
+// acknowledger whose pod still uses the address asks its owner for it
+// with a Want (askFound) as long as it does, and the owner warns then,
+// from what that node uses now (stepWant).
 func (p *Peer) handFound(x PeerName) bool {
 	byAcker := p.ackInUse[x]
 	delete(p.ackInUse, x)
@@ -203,17 +213,14 @@ func (p *Peer) handFound(x PeerName) bool {
 			if !p.a.space.Owns(a) {
 				continue
 			}
-			holder, held := p.a.Holder(a)
+			_, held := p.a.Holder(a)
 			if !held {
-				holder, held = here[a]
+				_, held = here[a]
 			}
-			switch other, dup := given[a]; {
-			case held:
-				p.event(true, "ipalloc: %s reports %s in use on its node, and this peer holds it for %s: two pods have one address; "+
-					"delete one of them so that it gets an address of its own", q, a, holder)
-			case dup:
-				p.event(true, "ipalloc: %s and %s both report %s in use on their nodes: two pods have one address; it stays with %s; "+
-					"delete one of them so that it gets an address of its own", other, q, a, other)
+			switch _, dup := given[a]; {
+			case held, dup:
+				// Kept where it is; the acknowledger asks for it if
+				// its pod still uses it (above).
 			default:
 				given[a] = q
 				give = append(give, a)
