@@ -242,3 +242,70 @@ func donatedTo(t *testing.T, pods int) (c *cluster, addrs map[Key]Address, donor
 	}
 	return c, addrs, donor, other
 }
+
+// TestUnregisteredPeerAsksNoSpace: in --kube mode a peer asks for space (a
+// donation, or the addresses its pods use on a Want) only once the
+// registered peers it is given name it. Before, a joiner's first donation
+// (its bridge's gateway, asked for at once as the router starts) usually
+// came before its router had registered it in the ConfigMap: the donor's
+// rejoin after a lost disk, with the joiner down, had nothing that named
+// it.
+func TestUnregisteredPeerAsksNoSpace(t *testing.T) {
+	seeds := []PeerName{"a", "b"}
+	c := newCluster(t, "10.32.0.0/26", seeded(seeds...))
+	c.run(5)
+	bRanges := c.peers["b"].Owned()
+	if len(bRanges) == 0 {
+		t.Fatal("b owns nothing")
+	}
+	found := bRanges[0].Start + 5 // a pod on j's node uses it (its state was lost)
+
+	c.inits["j"] = Init{Seeds: seeds}
+	c.names = append(c.names, "j")
+	c.disk["j"] = &HardState{}
+	j, err := NewPeer(PeerConfig{Self: "j", Universe: c.u, Init: c.inits["j"], Peers: seeds, Timing: simTiming,
+		Rand: rand.New(rand.NewPCG(5, 5)), ExternalMembers: true}, HardState{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.peers["j"] = j
+	j.HoldFound(map[Key]Address{key(50): found})
+	c.ready("j")
+	c.pushPull("j", "a")
+	c.pushPull("j", "b")
+	c.alloc("j", key(1))
+	c.run(3 * simTiming.DonationRetry)
+	// A read of the registered peers that does not name j yet.
+	if err := j.SetExternalMembers(seeds); err != nil {
+		t.Fatal(err)
+	}
+	c.ready("j")
+	c.run(3 * simTiming.DonationRetry)
+	if a, ok := c.answer[key(1)]; ok && a.Err == nil {
+		t.Fatalf("j allocated %s before it was registered", a.Address)
+	}
+	if o := j.Owned(); len(o) > 0 {
+		t.Fatalf("j got %v before it was registered", o)
+	}
+	for _, p := range []PeerName{"a", "b"} {
+		if r := c.peers[p].Ring().Peers(); slices.Contains(r, "j") {
+			t.Fatalf("%s's ring gives j space before it was registered: %v", p, c.peers[p].Ring().Entries)
+		}
+	}
+	if st := j.Status().String(); !strings.Contains(st, "registered") {
+		t.Fatalf("j's status while unregistered: %q; want it to say it waits to be registered", st)
+	}
+
+	// Registered: it asks, gets space, and the address its pod uses.
+	if err := j.SetExternalMembers(append(seeds, "j")); err != nil {
+		t.Fatal(err)
+	}
+	c.ready("j")
+	c.run(3 * simTiming.DonationRetry)
+	if a, ok := c.answer[key(1)]; !ok || a.Err != nil {
+		t.Fatalf("j allocated nothing once registered: %+v; status %q", a, j.Status())
+	}
+	if got, ok := j.Lookup(key(50)); !ok || got != found {
+		t.Fatalf("j does not hold %s for its pod once registered (got %s, %v)", found, got, ok)
+	}
+}

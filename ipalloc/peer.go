@@ -270,7 +270,10 @@ type PeerConfig struct {
 	// recorded outside this peer (the Kubernetes ConfigMap's registered
 	// peers in --kube mode): a hold of a peer that started without state
 	// and owns ranges does not end before they have been given once since
-	// it started (SetExternalMembers). See peer_rejoin.go.
+	// it started (SetExternalMembers). See peer_rejoin.go. Nor does
+	// this peer ask for space (a donation, or a Want of the addresses
+	// its pods use) before the members given name it: see
+	// registeredFirst.
 	ExternalMembers bool
 }
 
@@ -1030,6 +1033,9 @@ type PeerStatus struct {
 	HandedOn  bool                    // the heir has saved them
 	Rejoin    string                  // why a peer that started without state holds back; empty: it does not
 	Conflict  string                  // why the first claim is halted (another peer's consensus size); empty: it is not
+	// Unregistered: the members kept outside do not name this peer yet
+	// (PeerConfig.ExternalMembers), so it asks for no space.
+	Unregistered bool
 }
 
 // Status returns the current status.
@@ -1046,6 +1052,7 @@ func (p *Peer) Status() PeerStatus {
 		s.Rejoin = p.startHoldStatus()
 	}
 	s.RemovedBy = p.removed[p.cfg.Self]
+	s.Unregistered = p.unregistered()
 	for x := range p.acks {
 		if s.Reclaims == nil {
 			s.Reclaims = map[PeerName][]PeerName{}
@@ -1075,6 +1082,9 @@ func (s PeerStatus) String() string {
 		return "waiting for the ring from a peer"
 	case s.Rejoin != "":
 		return s.Rejoin
+	case s.Unregistered && (s.Owned == 0 || s.Waiting > 0):
+		return "waiting for space: this peer asks for none before it is registered in the cluster's records " +
+			"(in --kube mode the ConfigMap; check that the router can write it: its log says why not)"
 	case s.Owned == 0 || s.Waiting > 0:
 		return "waiting for space"
 	}

@@ -24,6 +24,10 @@ func (p *Peer) askDonation() {
 	if p.removedErr() != nil {
 		return // its ranges are its reclaimer's; it needs no space
 	}
+	if p.unregistered() {
+		p.trail.last = "none asked yet: this peer is not registered in the cluster's records"
+		return // registeredFirst
+	}
 	if p.rejoin || p.startHold {
 		// Holding back, it does not know yet what it owns (peer_rejoin.go),
 		// and the owners' rings usually reach it within moments (at a

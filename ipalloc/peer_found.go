@@ -64,7 +64,7 @@ func (p *Peer) unownedFound() []Address {
 // name the wrong owner then, who answers with its ring, but the sooner the
 // owner hears of the address, the sooner it stops handing it out.
 func (p *Peer) askFound() {
-	if len(p.found) == 0 || p.a.ring.Empty() || p.leave != nil || p.removedErr() != nil {
+	if len(p.found) == 0 || p.a.ring.Empty() || p.leave != nil || p.removedErr() != nil || p.unregistered() {
 		return
 	}
 	byOwner := map[PeerName][]Address{}

@@ -123,9 +123,29 @@ func (p *Peer) rejoinWaits() []PeerName {
 // (the API server unreachable while the node restarts) let the hold end
 // on what the mesh showed alone.
 
+// Registered first. A peer that gets space from another (a donation, or
+// the addresses its pods use given on a Want) is from then on something
+// the giver's state alone records: if the giver loses its disk while the
+// peer is down, a rejoin finds it only through the members kept outside
+// (above). So with ExternalMembers a peer asks for space only once the
+// members given name it: its router registered it in the ConfigMap before
+// it asks. The router registers as it starts, and the first space a
+// joiner asks for is its bridge's gateway, at once, so without this its
+// first donation usually came before the registration (a router that
+// cannot write the ConfigMap then asks for none, and its status says
+// why). Space that comes without asking (the first claim, an heir's
+// handover, a takeover's hand-on of reported addresses) is not held back.
+
+// unregistered reports whether this peer may not ask for space yet: the
+// members kept outside, read since it started, do not name it.
+func (p *Peer) unregistered() bool {
+	return p.cfg.ExternalMembers && !p.external[p.cfg.Self]
+}
+
 // SetExternalMembers gives the members kept outside this peer (the
 // ConfigMap's registered peers), all of them: each becomes a member (this
-// peer itself is skipped), and a hold that waited for them may end.
+// peer itself is not, but once it is named it may ask for space), and a
+// hold that waited for them may end.
 func (p *Peer) SetExternalMembers(qs []PeerName) error {
 	for _, q := range qs {
 		if err := ValidatePeerName(q); err != nil {
@@ -136,8 +156,10 @@ func (p *Peer) SetExternalMembers(qs []PeerName) error {
 	if first {
 		p.external = map[PeerName]bool{}
 	}
+	wasUnregistered := p.unregistered()
 	for _, q := range qs {
 		if q == p.cfg.Self {
+			p.external[q] = true
 			continue
 		}
 		_ = p.AddMember(q) // validated above (every read: the barrier's reminders)
@@ -150,6 +172,10 @@ func (p *Peer) SetExternalMembers(qs []PeerName) error {
 	}
 	if first {
 		p.completeReclaims() // checkRejoin, while it holds
+	}
+	if wasUnregistered && !p.unregistered() {
+		p.askDonation()
+		p.askFound()
 	}
 	return nil
 }

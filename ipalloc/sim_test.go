@@ -127,6 +127,7 @@ type simPeer struct {
 	otherSeeds   bool            // seed list of another cluster: its ring is refused, it never allocates
 
 	extDue int // kube mode: the step its router reads the registered peers at (0: read since it started)
+	regDue int // kube mode: the step its router registers it at (0: none pending)
 
 	backup    *HardState   // a copy of its disk taken some steps before (the stale fault)
 	restored  bool         // its disk was restored from a backup once
@@ -192,9 +193,12 @@ type sim struct {
 
 	// kube mode (half the schedules): the ConfigMap's registered peers
 	// are members kept outside the peers (PeerConfig.ExternalMembers).
-	// Every peer registers as it starts; a Node deleted (rmpeer) is no
-	// longer registered. A router reads them 0-3 steps after it starts,
-	// every kubeReadEvery steps, and before a reclaim. Its draws come
+	// Every peer's router registers it 1-6 steps after it starts (as
+	// kube.Kube writes the ConfigMap once the node list has synced; a
+	// router that dies first has not), and reads the registered peers
+	// again at once; a Node deleted (rmpeer) is no longer registered. A
+	// router reads them 0-3 steps after it starts, every kubeReadEvery
+	// steps, and before a reclaim. Its draws come
 	// from krng, so that a schedule's other steps are those it has
 	// without kube mode (until the peers act otherwise).
 	kube     bool
@@ -338,7 +342,10 @@ func (s *sim) start(sp *simPeer) {
 	}
 	sp.p = p
 	if s.kube {
-		s.registry[sp.name] = true
+		sp.regDue = 0
+		if !s.registry[sp.name] {
+			sp.regDue = s.step + 1 + s.krng.IntN(6)
+		}
 		sp.extDue = s.step + s.krng.IntN(4) // read at the end of this start, or up to 3 steps later
 	}
 	// The router finds its pods' addresses on its bridge, at every start
@@ -389,6 +396,11 @@ func (s *sim) kubeStep() {
 		return
 	}
 	for _, sp := range s.peers {
+		if sp.p != nil && sp.regDue != 0 && s.step >= sp.regDue {
+			sp.regDue = 0
+			s.registry[sp.name] = true
+			s.readRegistry(sp) // the router reads them again at once
+		}
 		if sp.p != nil && (sp.extDue != 0 && s.step >= sp.extDue || s.step%kubeReadEvery == 0) {
 			s.readRegistry(sp)
 		}

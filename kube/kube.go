@@ -301,11 +301,17 @@ func (k *Kube) routineRegister(ctx context.Context) {
 	}
 	for {
 		err := k.RegisterPeer(ctx, k.cfg.PeerName, k.cfg.Nickname)
-		if err == nil || ctx.Err() != nil {
+		if err == nil {
+			// The router reads the registered peers again at once: its
+			// allocator asks for no space before they name this peer.
+			k.signal(k.changes)
+			return
+		}
+		if ctx.Err() != nil {
 			return
 		}
 		if k.sayOnce("register", err.Error()) {
-			k.log.Error("kubernetes: cannot register this peer in the ConfigMap; reclaims are off until it is registered", "err", err)
+			k.log.Error("kubernetes: cannot register this peer in the ConfigMap; reclaims are off, and this peer asks no other for space, until it is registered", "err", err)
 		}
 		if k.wait(ctx, k.cfg.Resync) != nil {
 			return
@@ -347,8 +353,8 @@ func (k *Kube) Synced() bool {
 }
 
 // Changes is signalled (coalesced: one pending signal at most) when the
-// node list has synced and whenever a node or its address comes or goes.
-// Read PeerAddrs then.
+// node list has synced, whenever a node or its address comes or goes, and
+// once this peer is registered in the ConfigMap. Read PeerAddrs then.
 func (k *Kube) Changes() <-chan struct{} { return k.changes }
 
 // PeerLost runs a reclaim pass now rather than at the next Config.Resync:

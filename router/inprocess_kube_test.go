@@ -87,8 +87,9 @@ func startKubeRouters(t *testing.T, universe string, hosts []string, resync time
 }
 
 // startKubeRoutersOn is startKubeRouters on client; beforeRun, if set, is
-// called once every router is built, before any runs.
-func startKubeRoutersOn(t *testing.T, client *fake.Clientset, universe string, hosts []string, resync time.Duration, beforeRun func()) (nodes []*inprocNode, hc *http.Client, stop func(*inprocNode)) {
+// called once every router is built, before any runs, and the routers it
+// returns are not run: the test starts each later with its start.
+func startKubeRoutersOn(t *testing.T, client *fake.Clientset, universe string, hosts []string, resync time.Duration, beforeRun func([]*inprocNode) []*inprocNode) (nodes []*inprocNode, hc *http.Client, stop func(*inprocNode)) {
 	t.Helper()
 	ctx := context.Background()
 	for i, h := range hosts {
@@ -143,18 +144,30 @@ func startKubeRoutersOn(t *testing.T, client *fake.Clientset, universe string, h
 			}
 		}
 	})
+	var late []*inprocNode
 	if beforeRun != nil {
-		beforeRun()
+		late = beforeRun(nodes)
 	}
-	stopped := map[*inprocNode]bool{}
+	var mu sync.Mutex
+	stopped, started := map[*inprocNode]bool{}, map[*inprocNode]bool{}
 	for _, n := range nodes {
-		rctx, cancel := context.WithCancel(context.Background())
-		n.cancel, n.done = cancel, make(chan error, 1)
-		go func() { n.done <- n.node.Run(rctx) }()
+		n.start = func() {
+			mu.Lock()
+			defer mu.Unlock()
+			rctx, cancel := context.WithCancel(context.Background())
+			n.cancel, n.done = cancel, make(chan error, 1)
+			started[n] = true
+			go func() { n.done <- n.node.Run(rctx) }()
+		}
+		if !slices.Contains(late, n) {
+			n.start()
+		}
 	}
 	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
 		for _, n := range nodes {
-			if !stopped[n] {
+			if started[n] && !stopped[n] {
 				n.cancel()
 				<-n.done
 			}
@@ -310,7 +323,10 @@ func TestKubeRejoinWaitsForRegisteredPeers(t *testing.T) {
 		}
 		return false, nil, nil
 	})
-	nodes, hc, _ := startKubeRoutersOn(t, client, universe, hosts, 500*time.Millisecond, func() { unreachable.Store(true) })
+	nodes, hc, _ := startKubeRoutersOn(t, client, universe, hosts, 500*time.Millisecond, func([]*inprocNode) []*inprocNode {
+		unreachable.Store(true)
+		return nil
+	})
 	ctx := context.Background()
 	owners := 0
 	waitUntil(t, "the first claim, its owners waiting for the registered peers", func() bool {
@@ -348,5 +364,78 @@ func TestKubeRejoinWaitsForRegisteredPeers(t *testing.T) {
 			_, err := n.api.Allocate(actx, api.AllocateRequest{Attachment: api.Attachment{ContainerID: "pod-" + n.name, IfName: "eth0"}})
 			return err == nil
 		})
+	}
+}
+
+// TestKubeJoinerRegistersBeforeAsking: in --kube mode a router asks no
+// other peer for space (its bridge's gateway first) before the ConfigMap's
+// registered peers name it. r1 and r2 claim the ring; r3 starts later, as
+// a joiner that owns nothing, while the API server refuses its
+// registration: it gets no space and says why. Once its registration goes
+// through, it gets a donation and is ready.
+func TestKubeJoinerRegistersBeforeAsking(t *testing.T) {
+	const universe = "10.43.0.0/20"
+	hosts := []string{"10.98.2.1", "10.98.2.2", "10.98.2.3"}
+	client := casClientset()
+	var refuse atomic.Bool
+	refuse.Store(true)
+	registers := func(a k8stesting.Action) bool {
+		var obj k8sruntime.Object
+		switch a := a.(type) {
+		case k8stesting.UpdateAction:
+			obj = a.GetObject()
+		case k8stesting.CreateAction:
+			obj = a.GetObject()
+		}
+		cm, ok := obj.(*corev1.ConfigMap)
+		return ok && strings.Contains(cm.Data["peers"], `"r3"`)
+	}
+	for _, verb := range []string{"update", "create"} {
+		client.PrependReactor(verb, "configmaps", func(a k8stesting.Action) (bool, k8sruntime.Object, error) {
+			if refuse.Load() && registers(a) {
+				return true, nil, errors.New("injected: the API server refuses r3's registration")
+			}
+			return false, nil, nil
+		})
+	}
+	nodes, hc, _ := startKubeRoutersOn(t, client, universe, hosts, 500*time.Millisecond, func(ns []*inprocNode) []*inprocNode {
+		return ns[2:]
+	})
+	ctx := context.Background()
+	r1, r2, r3 := nodes[0], nodes[1], nodes[2]
+	for _, n := range []*inprocNode{r1, r2} {
+		waitUntil(t, n.name+" to be ready", func() bool { return n.api.Ready(ctx) == nil })
+	}
+	k := r1.node.kube
+	waitUntil(t, "the first claim recorded in the ConfigMap", func() bool {
+		_, recorded, err := k.ClaimRecord(ctx)
+		return err == nil && recorded
+	})
+
+	r3.start()
+	waitUntil(t, "r3 to say it waits to be registered", func() bool {
+		return strings.Contains(r3.report(t, hc).IPAM.Status, "before it is registered") &&
+			strings.Contains(r3.log.String(), "refuses r3's registration")
+	})
+	actx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	a, err := r3.api.Allocate(actx, api.AllocateRequest{Attachment: api.Attachment{ContainerID: "early", IfName: "eth0"}})
+	cancel()
+	if err == nil {
+		t.Fatalf("r3 allocated %s before it was registered", a.Address)
+	}
+	for _, n := range []*inprocNode{r1, r2, r3} {
+		if slices.ContainsFunc(n.report(t, hc).IPAM.Owners, func(o OwnerReport) bool { return o.Peer == "r3" }) {
+			t.Fatalf("%s's ring gives r3 space before r3 was registered: %v", n.name, n.report(t, hc).IPAM.Entries)
+		}
+	}
+
+	refuse.Store(false)
+	waitUntil(t, "r3 to be ready once registered", func() bool { return r3.api.Ready(ctx) == nil })
+	peers, err := k.Peers(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := peers["r3"]; !ok {
+		t.Fatalf("r3 is ready but not registered: %v", peers)
 	}
 }

@@ -248,6 +248,7 @@ type inprocNode struct {
 	log    *syncbuf.Buffer
 	cancel context.CancelFunc
 	done   chan error // Run's result
+	start  func()     // runs the router (the kube tests: one held back)
 }
 
 // inprocReport is the part of GET /report the test reads (the mesh's

@@ -187,7 +187,7 @@ func (r *Router) kubeReclaim(ctx context.Context, peer string) error {
 	if r.alivePeers()[name] {
 		return fmt.Errorf("peer %s is alive: its ranges stay with it", peer)
 	}
-	if err := r.kubeMembers(ctx); err != nil {
+	if _, err := r.kubeMembers(ctx); err != nil {
 		return fmt.Errorf("reading the peers registered in the ConfigMap for the barrier: %w", err)
 	}
 	return reclaimOutcome(r.ipam, name, r.ipam.PeerGone(name), r.log)
@@ -256,17 +256,19 @@ func withdrawOutcome(ipam ipamWithdrawer, name ipalloc.PeerName, log *slog.Logge
 // kubeMembers adds the peers registered in the ConfigMap to the
 // allocator's members: every reclaim waits for them too, and so does the
 // hold of a peer that started without state (it does not end before they
-// have been read once: ipalloc's SetExternalMembers).
-func (r *Router) kubeMembers(ctx context.Context) error {
+// have been read once: ipalloc's SetExternalMembers). It reports whether
+// they name this peer: the allocator asks for no space before they do.
+func (r *Router) kubeMembers(ctx context.Context) (self bool, err error) {
 	peers, err := r.kube.Peers(ctx)
 	if err != nil {
-		return err
+		return false, err
 	}
 	names := make([]ipalloc.PeerName, 0, len(peers))
 	for p := range peers {
 		names = append(names, ipalloc.PeerName(p))
 	}
-	return r.ipam.SetExternalMembers(names)
+	_, self = peers[string(r.name)]
+	return self, r.ipam.SetExternalMembers(names)
 }
 
 // routineKube feeds the node list to the mesh as join targets, records the
@@ -282,19 +284,23 @@ func (r *Router) routineKube(ctx context.Context) {
 	recorded, available := false, false
 	t := time.NewTicker(5 * time.Second)
 	defer t.Stop()
-	membersRead, failed := false, 0
+	membersRead, selfRead, failed := false, false, 0
 	for round := 0; ; round++ {
-		if round%kubeMembersEvery == 0 || !membersRead {
+		if round%kubeMembersEvery == 0 || !membersRead || !selfRead {
 			// Every round until the first read succeeds: a peer that
-			// started without state allocates nothing before it. Bounded,
-			// so that the rest of the round (the mesh's targets from the
-			// node list) goes on while the ConfigMap cannot be read.
+			// started without state allocates nothing before it. And
+			// until the read names this peer (kube.Kube registers it, and
+			// signals Changes once it has): the allocator asks for no
+			// space before that. Bounded, so that the rest of the round
+			// (the mesh's targets from the node list) goes on while the
+			// ConfigMap cannot be read.
 			mctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			err := r.kubeMembers(mctx)
+			self, err := r.kubeMembers(mctx)
 			cancel()
 			switch {
 			case err == nil:
 				membersRead = true
+				selfRead = selfRead || self
 			case ctx.Err() != nil:
 			case !membersRead:
 				failed++
