@@ -273,7 +273,7 @@ type PeerConfig struct {
 	// it started (SetExternalMembers). See peer_rejoin.go. Nor does
 	// this peer ask for space (a donation, or a Want of the addresses
 	// its pods use) before the members given name it: see
-	// registeredFirst.
+	// unregistered (peer_rejoin.go).
 	ExternalMembers bool
 }
 

@@ -26,7 +26,7 @@ func (p *Peer) askDonation() {
 	}
 	if p.unregistered() {
 		p.trail.last = "none asked yet: this peer is not registered in the cluster's records"
-		return // registeredFirst
+		return // see unregistered (peer_rejoin.go)
 	}
 	if p.rejoin || p.startHold {
 		// Holding back, it does not know yet what it owns (peer_rejoin.go),
