@@ -76,14 +76,7 @@ func TestFoundAskedFromOwner(t *testing.T) {
 // that its node uses the address, and a's takeover hands it to b instead
 // of taking it.
 func TestFoundHandedOnAtTakeover(t *testing.T) {
-	c := newCluster(t, "10.32.0.0/26", seeded("a", "b", "x"))
-	c.run(5)
-	xRanges := c.peers["x"].Owned()
-	if len(xRanges) == 0 {
-		t.Fatal("x owns nothing")
-	}
-	lost := xRanges[0].Start + 3
-	c.peers["x"] = nil // x dies
+	c, lost := xDies(t)
 
 	b := c.wipe("b", []PeerName{"a"})
 	b.HoldFound(map[Key]Address{key(100): lost})
@@ -319,14 +312,7 @@ func TestLateAckReportIsNoDuplicate(t *testing.T) {
 // stays with a's pod, and b, whose pod still uses it, asks a for it: a
 // warns, naming both, and b does not hold it.
 func TestDuplicateAtTakeoverReported(t *testing.T) {
-	c := newCluster(t, "10.32.0.0/26", seeded("a", "b", "x"))
-	c.run(5)
-	xRanges := c.peers["x"].Owned()
-	if len(xRanges) == 0 {
-		t.Fatal("x owns nothing")
-	}
-	dup := xRanges[0].Start + 3
-	c.peers["x"] = nil // x dies
+	c, dup := xDies(t)
 	c.peers["a"].HoldFound(map[Key]Address{key(200): dup})
 	c.ready("a")
 	b := c.wipe("b", []PeerName{"a"})
@@ -355,4 +341,18 @@ func TestDuplicateAtTakeoverReported(t *testing.T) {
 	if !c.hasEvent("b asks for " + dup.String()) {
 		t.Errorf("a did not report the address both nodes use: %v", c.events)
 	}
+}
+
+// xDies starts seeds a, b and x, and kills x; it returns an address in
+// x's range.
+func xDies(t *testing.T) (*cluster, Address) {
+	t.Helper()
+	c := newCluster(t, "10.32.0.0/26", seeded("a", "b", "x"))
+	c.run(5)
+	xRanges := c.peers["x"].Owned()
+	if len(xRanges) == 0 {
+		t.Fatal("x owns nothing")
+	}
+	c.peers["x"] = nil // x dies
+	return c, xRanges[0].Start + 3
 }
