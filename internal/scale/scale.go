@@ -574,26 +574,8 @@ func Owns(nodes []*Node, owner mesh.PeerName) bool {
 	return true
 }
 
-// SeeAll reports whether every node's mesh sees want peers alive (itself
-// included).
-func SeeAll(nodes []*Node, want int) bool {
-	for _, n := range nodes {
-		alive := 0
-		for _, p := range n.Mesh.Peers() {
-			if p.State == mesh.StateAlive {
-				alive++
-			}
-		}
-		if alive < want {
-			return false
-		}
-	}
-	return true
-}
-
 // AliveSeen accumulates which node's mesh has seen which peer alive, over
-// calls to Update. Unlike SeeAll it does not ask for every pair at one
-// instant: on a starved machine memberlist's failure detector keeps
+// calls to Update. It does not ask for every pair at one instant: on a starved machine memberlist's failure detector keeps
 // suspecting some peer somewhere, which says nothing of who knows whom.
 type AliveSeen map[[2]mesh.PeerName]bool
 
@@ -607,7 +589,14 @@ func (a AliveSeen) Update(nodes []*Node) bool {
 			}
 		}
 	}
-	return len(a.Missing(nodes)) == 0
+	for _, n := range nodes {
+		for _, q := range nodes {
+			if !a[[2]mesh.PeerName{n.Name, q.Name}] {
+				return false // Missing names them all; a poll needs only the answer
+			}
+		}
+	}
+	return true
 }
 
 // Missing lists, by node, the nodes it has never seen alive.
