@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -41,6 +42,7 @@ func main() {
 		initMode = flag.String("init", "consensus", "first claim: consensus (consensus=N on every node) or seed (seed= the first three nodes, on every node)")
 		verbose  = flag.Bool("v", false, "log the nodes at warn")
 		pods     = flag.Bool("pods", false, "one address allocated on every node before the idle window (a pod on every node: the donations split the ring, past the broadcast limit from about 60 nodes)")
+		cpuProf  = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 		scaleBy  = flag.Float64("timescale", 1, "multiply memberlist's timings (gossip and probe intervals, probe and stream timeouts, push-pull) by this: with N nodes sharing 2 cores, the failure detector starves and flaps at the production timings; the allocator's own timers stay as they are")
 	)
 	flag.Parse()
@@ -63,12 +65,31 @@ func main() {
 		time.Now().UTC().Format(time.RFC3339), runtime.NumCPU(), load(), *initMode, *loss*100, *delay, shown, *scaleBy, tm.ProbeInterval, tm.GossipInterval)
 	fmt.Println("| N | first claim, all | one ring (same owners), all | late node's first address | its donation seen by all | idle B/node/s | converging B/node/s | largest ipam msg sent / state | largest packet / stream | heap/node | CPU/node idle | rings over the broadcast limit | load |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+	var sizes []int
 	for _, f := range strings.Split(*ns, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || n < 2 {
 			fmt.Fprintf(os.Stderr, "scalebench: bad size %q\n", f)
 			os.Exit(2)
 		}
+		sizes = append(sizes, n)
+	}
+	if *cpuProf != "" {
+		f, err := os.Create(*cpuProf)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "scalebench:", err)
+			os.Exit(2)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(os.Stderr, "scalebench:", err)
+			os.Exit(2)
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			f.Close()
+		}()
+	}
+	for _, n := range sizes {
 		row, err := bench(n, *initMode, *pods, scale.Config{Loss: *loss, Delay: *delay, Timings: tm, Log: log, Seed: uint64(n)}, *idle, *bound)
 		if err != nil {
 			// A phase that did not end is a result too: its row says
