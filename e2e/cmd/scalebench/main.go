@@ -22,6 +22,7 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -42,7 +43,8 @@ func main() {
 		initMode = flag.String("init", "consensus", "first claim: consensus (consensus=N on every node) or seed (seed= the first three nodes, on every node)")
 		verbose  = flag.Bool("v", false, "log the nodes at warn")
 		pods     = flag.Bool("pods", false, "one address allocated on every node before the idle window (a pod on every node: the donations split the ring, past the broadcast limit from about 60 nodes)")
-		cpuProf  = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
+		cpuProf  = flag.String("cpuprofile", "", "write a CPU profile to this file (go tool pprof)")
+		profFor  = flag.Duration("cpuprofile-for", 0, "stop the CPU profile after this long (0: at the end of the run)")
 		scaleBy  = flag.Float64("timescale", 1, "multiply memberlist's timings (gossip and probe intervals, probe and stream timeouts, push-pull) by this: with N nodes sharing 2 cores, the failure detector starves and flaps at the production timings; the allocator's own timers stay as they are")
 	)
 	flag.Parse()
@@ -84,10 +86,18 @@ func main() {
 			fmt.Fprintln(os.Stderr, "scalebench:", err)
 			os.Exit(2)
 		}
-		defer func() {
-			pprof.StopCPUProfile()
-			f.Close()
-		}()
+		var once sync.Once
+		stop := func() {
+			once.Do(func() {
+				pprof.StopCPUProfile()
+				f.Close()
+				fmt.Fprintln(os.Stderr, "scalebench: CPU profile written to", *cpuProf)
+			})
+		}
+		defer stop()
+		if *profFor > 0 {
+			time.AfterFunc(*profFor, stop)
+		}
 	}
 	for _, n := range sizes {
 		row, err := bench(n, *initMode, *pods, scale.Config{Loss: *loss, Delay: *delay, Timings: tm, Log: log, Seed: uint64(n)}, *idle, *bound)
@@ -349,8 +359,14 @@ func diagnose(nodes []*scale.Node) string {
 	claimed, minKnown, maxKnown, minAlive := 0, 1<<30, 0, 1<<30
 	var tooLarge, sendErrs uint64
 	conflict, last := "", ""
-	for _, nd := range nodes {
-		st := nd.Svc.Status()
+	sts := make([]ipalloc.PeerStatus, len(nodes))
+	var wg sync.WaitGroup
+	for i, nd := range nodes {
+		wg.Go(func() { sts[i] = nd.Svc.Status() }) // together: each waits for its busy owner loop
+	}
+	wg.Wait()
+	for i, nd := range nodes {
+		st := sts[i]
 		if st.Claimed {
 			claimed++
 		}
