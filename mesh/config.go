@@ -79,6 +79,18 @@ type Config struct {
 	// take the defaults.
 	PreAuth PreAuthLimits
 
+	// NoCompression turns off memberlist's LZW compression of what this
+	// peer sends (every gossip packet it makes smaller, and every
+	// stream). Compression is on in a router: idle, it sends a quarter
+	// to a third of the bytes (100 peers: 842-985 against 2,372-4,035
+	// bytes a second a peer; a push-pull of 2.9 KB against 11 KB) for
+	// about 40 % more CPU (0.22-0.25 against 0.16-0.17 % of a core a
+	// peer; docs/benchmarks.md, Scale).
+	// The scale harness turns it off to fit more peers on 2 cores. A
+	// peer decodes a compressed message whatever this says, so peers
+	// that differ here still understand each other.
+	NoCompression bool
+
 	// Transport replaces the UDP/TCP transport on BindAddr:Port, e.g. with
 	// meshtest's in-memory network. Nil for production.
 	Transport memberlist.NodeAwareTransport

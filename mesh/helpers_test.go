@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/memberlist"
+
 	"github.com/weft-net/weft/mesh/meshtest"
 )
 
@@ -172,6 +174,8 @@ type peer struct {
 type cluster struct {
 	t   testing.TB
 	net *meshtest.Network
+	// wrap, if set, wraps each peer's transport (to watch what it sends).
+	wrap func(*meshtest.Transport) memberlist.NodeAwareTransport
 }
 
 func newCluster(t testing.TB) *cluster {
@@ -206,6 +210,9 @@ func (c *cluster) start(i int, cfg Config) *peer {
 	}
 	cfg.Version = "test"
 	cfg.Transport = tr
+	if c.wrap != nil {
+		cfg.Transport = c.wrap(tr)
+	}
 	if cfg.Timings == (Timings{}) {
 		cfg.Timings = testTimings()
 	}

@@ -249,6 +249,7 @@ func (m *Mesh) Start(ctx context.Context) error {
 	conf.GossipToTheDeadTime = t.GossipToTheDeadTime
 	conf.DeadNodeReclaimTime = t.DeadNodeReclaimTime
 	conf.TCPTimeout = t.TCPTimeout
+	conf.EnableCompression = !m.cfg.NoCompression
 	d := &delegate{m: m}
 	conf.Delegate = d
 	conf.Events = d

@@ -53,6 +53,9 @@ type Config struct {
 	Delay time.Duration
 	// Timings are the mesh's; zero fields take mesh.DefaultTimings.
 	Timings mesh.Timings
+	// NoCompression turns off memberlist's compression
+	// (mesh.Config.NoCompression): fewer CPU, more bytes.
+	NoCompression bool
 	// Seed seeds the packet loss of every node.
 	Seed uint64
 	// Log is every node's logger (with the node's name); nil discards.
@@ -225,7 +228,7 @@ func (c *Cluster) Add(ctx context.Context, init ipalloc.Init, peers []string) (_
 	n.Lossy.SetDelay(c.cfg.Delay)
 	if n.Mesh, err = mesh.New(mesh.Config{
 		Name: name, Nickname: string(name), Version: "scale", Peers: peers,
-		Logger: log, Transport: n.Lossy, Timings: c.cfg.Timings, Registerer: n.reg,
+		Logger: log, Transport: n.Lossy, Timings: c.cfg.Timings, NoCompression: c.cfg.NoCompression, Registerer: n.reg,
 	}); err != nil {
 		n.Lossy.Shutdown()
 		return nil, err
