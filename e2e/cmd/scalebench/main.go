@@ -43,6 +43,7 @@ func main() {
 		initMode = flag.String("init", "consensus", "first claim: consensus (consensus=N on every node) or seed (seed= the first three nodes, on every node)")
 		verbose  = flag.Bool("v", false, "log the nodes at warn")
 		pods     = flag.Bool("pods", false, "one address allocated on every node before the idle window (a pod on every node: the donations split the ring, past the broadcast limit from about 60 nodes)")
+		meshGate = flag.Bool("meshgate", true, "stop at the mesh phase (every node has seen every node alive) when it does not end within -timeout; false: say so and go on")
 		compress = flag.Bool("compress", true, "memberlist's compression, on in a router; -compress=false saves about a quarter of the CPU and sends about 3 times the bytes (mesh.Config.NoCompression)")
 		cpuProf  = flag.String("cpuprofile", "", "write a CPU profile to this file (go tool pprof)")
 		profFor  = flag.Duration("cpuprofile-for", 0, "stop the CPU profile after this long (0: at the end of the run)")
@@ -101,7 +102,7 @@ func main() {
 		}
 	}
 	for _, n := range sizes {
-		row, err := bench(n, *initMode, *pods, scale.Config{Loss: *loss, Delay: *delay, Timings: tm, NoCompression: !*compress, Log: log, Seed: uint64(n)}, *idle, *bound)
+		row, err := bench(n, *initMode, *pods, *meshGate, scale.Config{Loss: *loss, Delay: *delay, Timings: tm, NoCompression: !*compress, Log: log, Seed: uint64(n)}, *idle, *bound)
 		if err != nil {
 			// A phase that did not end is a result too: its row says
 			// where the nodes were.
@@ -134,7 +135,7 @@ func scaled(t mesh.Timings, k float64) mesh.Timings {
 	return t
 }
 
-func bench(n int, initMode string, pods bool, cfg scale.Config, idle, bound time.Duration) (string, error) {
+func bench(n int, initMode string, pods, meshGate bool, cfg scale.Config, idle, bound time.Duration) (string, error) {
 	dir, err := os.MkdirTemp("", "scalebench-")
 	if err != nil {
 		return "", err
@@ -199,11 +200,19 @@ func bench(n int, initMode string, pods bool, cfg scale.Config, idle, bound time
 	// keeps suspecting some peer somewhere (docs/benchmarks.md, points 6
 	// and 7), which says nothing of who knows whom.
 	alive := scale.AliveSeen{}
+	// Not a gate with -meshgate=false: the phases after it need no full
+	// view (an allocation needs the rings of the peers it waits for), and
+	// past 200 nodes on 2 cores the last few peers a starved failure
+	// detector declared dead come back only by push-pull, minutes later.
 	d, err := phase("mesh (every node has seen every node alive)", func() bool { return alive.Update(nodes) })
-	if err != nil {
+	switch {
+	case err != nil && meshGate:
 		return "", fmt.Errorf("%w; %s", err, firstMissing(alive.Missing(nodes)))
+	case err != nil:
+		fmt.Fprintf(os.Stderr, "scalebench: N=%d: going on without the full view: %v; %s; %s\n", n, err, firstMissing(alive.Missing(nodes)), aliveNow(nodes))
+	default:
+		fmt.Fprintf(os.Stderr, "scalebench: N=%d: every node has seen every node alive, %s after one ring; %s\n", n, d.Round(time.Millisecond), aliveNow(nodes))
 	}
-	fmt.Fprintf(os.Stderr, "scalebench: N=%d: every node has seen every node alive, %s after one ring; %s\n", n, d.Round(time.Millisecond), aliveNow(nodes))
 
 	if pods {
 		// A pod on every node, retried as kubelet retries a failed ADD.
