@@ -154,7 +154,7 @@ func bench(n int, initMode string, pods, meshGate bool, cfg scale.Config, idle, 
 	ctx := context.Background()
 	// Each poll reads every node (its owner loop, its mesh view): at 1,000
 	// nodes a poll every 20 ms would be most of the process's work.
-	every := max(20*time.Millisecond, time.Duration(n)*200*time.Microsecond)
+	every := max(20*time.Millisecond, time.Duration(n)*time.Millisecond)
 	phase := func(what string, cond func() bool) (time.Duration, error) {
 		began := time.Now()
 		pctx, cancel := context.WithTimeout(ctx, bound)
