@@ -74,9 +74,15 @@ type Mesh struct {
 	wg        sync.WaitGroup
 	closeOnce sync.Once
 
-	mu        sync.Mutex // guards the fields below
-	peers     map[PeerName]*peerEntry
-	reports   map[PeerName]report // the latest report of every other peer
+	mu      sync.Mutex // guards the fields below
+	peers   map[PeerName]*peerEntry
+	reports map[PeerName]report // the latest report of every other peer
+	// unreachBy indexes reports by whom they name: target -> the origins
+	// whose latest report lists it unreachable (whether or not they are
+	// alive), so that a change derives the states of the peers it
+	// concerns, not of every peer (refreshLocked).
+	unreachBy map[PeerName]map[PeerName]bool
+	alive     int // peers alive in the view, this one included
 	ownReport report
 	subs      map[*subscriber]struct{}
 	targets   []*target
@@ -111,6 +117,7 @@ func New(cfg Config) (*Mesh, error) {
 		channels:     map[string]*Channel{},
 		peers:        map[PeerName]*peerEntry{},
 		reports:      map[PeerName]report{},
+		unreachBy:    map[PeerName]map[PeerName]bool{},
 		subs:         map[*subscriber]struct{}{},
 	}
 	m.drops.every = time.Minute

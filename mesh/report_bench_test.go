@@ -42,3 +42,38 @@ func mergeReports(b *testing.B, n int) {
 		}
 	}
 }
+
+// BenchmarkPeerEvent* is one memberlist event pair (a peer declared dead,
+// then alive again) at a peer that knows n peers, each of which reports
+// one other unreachable: what a flap costs a peer. A cluster forming sees
+// O(N) such events at every peer.
+//
+//	go test ./mesh -run '^$' -bench PeerEvent
+func BenchmarkPeerEvent100(b *testing.B)  { peerEvent(b, 100) }
+func BenchmarkPeerEvent1000(b *testing.B) { peerEvent(b, 1000) }
+
+func peerEvent(b *testing.B, n int) {
+	c := newCluster(b)
+	p := c.start(1, Config{})
+	defer closeAll(b, p)
+	m := p.m
+	names := make([]PeerName, n)
+	addrs := make([]netip.AddrPort, n)
+	for i := range n {
+		names[i] = PeerName(fmt.Sprintf("peer%04d", i))
+		addrs[i] = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), 6783)
+		m.onAlive(names[i], addrs[i], nil)
+	}
+	reps := make([]report, n)
+	for i := range reps {
+		reps[i] = report{Origin: names[i], Version: 1, Unreachable: []PeerName{names[(i+1)%n]}}
+	}
+	m.applyReports(reps)
+	i := 0
+	b.ResetTimer()
+	for b.Loop() {
+		i = (i + 1) % n
+		m.onDead(names[i])
+		m.onAlive(names[i], addrs[i], nil)
+	}
+}

@@ -187,6 +187,7 @@ func (m *Mesh) onAlive(name PeerName, addr netip.AddrPort, rawMeta []byte) {
 		p.Since = now
 	}
 	oldMetaErr, oldRefused := p.MetaError, p.Meta.Refused
+	wasAlive := p.base == StateAlive && kind != EventJoined
 	p.Addr, p.base, p.bye = addr, StateAlive, false
 	p.Meta, p.MetaError = md, ""
 	if metaErr != nil {
@@ -206,12 +207,22 @@ func (m *Mesh) onAlive(name PeerName, addr netip.AddrPort, rawMeta []byte) {
 		m.log.Warn(fmt.Sprintf("peer %s: its %q metadata is refused (%s); its other metadata is used, and this component treats the peer as not publishing any", p.label(), c, why),
 			"peer", name, "component", c)
 	}
-	m.refreshLocked(name)
+	if wasAlive {
+		m.refreshLocked(name, name) // its metadata or address: nothing else derives from it
+	} else {
+		m.refreshLocked(name, m.concerning(name)...)
+	}
 	if p.Self {
 		return
 	}
-	m.emitLocked(kind, p.Peer, "")
+	m.emitLocked(kind, m.peerLocked(p), "")
 	m.kickTopology()
+}
+
+// concerning lists name and the peers its report names: whose derived
+// states change when name's own state does.
+func (m *Mesh) concerning(name PeerName) []PeerName {
+	return append([]PeerName{name}, m.reports[name].Unreachable...)
 }
 
 // onDead records memberlist's verdict that a peer is gone (NotifyLeave):
@@ -229,71 +240,133 @@ func (m *Mesh) onDead(name PeerName) {
 		kind, p.base = EventLeft, StateLeft
 	}
 	p.Since = m.now()
-	m.refreshLocked(name)
-	m.emitLocked(kind, p.Peer, "")
+	m.refreshLocked(name, m.concerning(name)...)
+	m.emitLocked(kind, m.peerLocked(p), "")
 	m.kickTopology()
 }
 
-// refreshLocked derives every peer's State from memberlist's verdict and
-// the reports of the other live peers, logs the changes (except quiet's:
-// its caller logs it), and updates the gauges.
-func (m *Mesh) refreshLocked(quiet PeerName) {
-	from := map[PeerName][]PeerName{}
-	for origin, rep := range m.reports {
-		if o := m.peers[origin]; o == nil || o.base != StateAlive || rep.Leaving {
-			continue
-		}
-		for _, n := range rep.Unreachable {
-			if n != origin {
-				from[n] = append(from[n], origin)
-			}
-		}
-	}
-	var alive int
-	counts := map[PeerState]int{}
+// refreshLocked derives the State of the named peers from memberlist's
+// verdict and the reports of the other live peers, logs the changes
+// (except quiet's: its caller logs it), and updates the gauges. Only the
+// named peers are derived: the callers name every peer whose inputs
+// changed (the peer itself, and the peers named by its report when its
+// liveness or its report changed), so that an event costs what it
+// concerns, not O(N): with one derivation of every peer per memberlist
+// event, a node of a 1,000-node cluster forming did a million of them, and
+// two thirds of the nodes of such a cluster in one process were found in
+// it at once. refreshAllLocked derives every peer (reap, Forget).
+func (m *Mesh) refreshLocked(quiet PeerName, names ...PeerName) {
+	var counts [StateLeft + 1]int
+	alive := 0
 	for _, p := range m.peers {
 		if p.base == StateAlive {
 			alive++
 		}
 	}
+	m.alive = alive
+	for _, name := range names {
+		if p := m.peers[name]; p != nil {
+			m.deriveLocked(p, quiet)
+		}
+	}
 	for _, p := range m.peers {
-		unreachable := from[p.Name]
-		slices.Sort(unreachable)
-		p.UnreachableFrom = unreachable
-		// The live peers other than p: this one sees p alive iff
-		// memberlist does; the others unless they report it.
-		others := alive
-		if p.base == StateAlive {
-			others--
-		}
-		reach := others - len(unreachable)
-		if !p.Self && p.base != StateAlive {
-			reach--
-		}
-		p.ReachableFrom = max(reach, 0)
-		state := p.base
-		if state == StateAlive && len(unreachable) > 0 && !p.Self {
-			state = StateSuspect
-		}
-		if state != p.State {
-			was := p.State
-			p.State = state
-			if p.base == StateAlive && p.Name != quiet {
-				p.Since = m.now()
-				switch {
-				case state == StateSuspect:
-					m.emitLocked(EventSuspect, p.Peer, "unreachable from "+joinNames(unreachable))
-				case was == StateSuspect:
-					m.emitLocked(EventUpdated, p.Peer, "reachable again")
-				}
-			}
-		}
 		counts[p.State]++
 	}
 	m.numAlive.Store(int64(max(alive, 1)))
 	for _, s := range []PeerState{StateAlive, StateSuspect, StateUnreachable, StateLeft} {
 		m.metrics.peers.WithLabelValues(s.String()).Set(float64(counts[s]))
 	}
+}
+
+// refreshAllLocked derives every peer's State (see refreshLocked).
+func (m *Mesh) refreshAllLocked() {
+	m.refreshLocked("", slices.Collect(maps.Keys(m.peers))...)
+}
+
+// deriveLocked derives p's State and UnreachableFrom: memberlist's
+// verdict, made suspect when a live peer that is not leaving reports p
+// unreachable.
+func (m *Mesh) deriveLocked(p *peerEntry, quiet PeerName) {
+	var unreachable []PeerName
+	for origin := range m.unreachBy[p.Name] {
+		o := m.peers[origin]
+		if o == nil || o.base != StateAlive || m.reports[origin].Leaving {
+			continue
+		}
+		unreachable = append(unreachable, origin)
+	}
+	slices.Sort(unreachable)
+	p.UnreachableFrom = unreachable
+	state := p.base
+	if state == StateAlive && len(unreachable) > 0 && !p.Self {
+		state = StateSuspect
+	}
+	if state == p.State {
+		return
+	}
+	was := p.State
+	p.State = state
+	if p.base == StateAlive && p.Name != quiet {
+		p.Since = m.now()
+		switch {
+		case state == StateSuspect:
+			m.emitLocked(EventSuspect, m.peerLocked(p), "unreachable from "+joinNames(unreachable))
+		case was == StateSuspect:
+			m.emitLocked(EventUpdated, m.peerLocked(p), "reachable again")
+		}
+	}
+}
+
+// peerLocked is p as shown: with ReachableFrom, which depends on how many
+// peers are alive, counted when it is read rather than stored in every
+// peer at every change of that count.
+func (m *Mesh) peerLocked(p *peerEntry) Peer {
+	out := p.Peer
+	// The live peers other than p: this one sees p alive iff
+	// memberlist does; the others unless they report it.
+	others := m.alive
+	if p.base == StateAlive {
+		others--
+	}
+	reach := others - len(p.UnreachableFrom)
+	if !p.Self && p.base != StateAlive {
+		reach--
+	}
+	out.ReachableFrom = max(reach, 0)
+	return out
+}
+
+// indexReportLocked moves origin's entries in unreachBy from its old
+// report's list to its new one's, and adds every peer either names to
+// touched.
+func (m *Mesh) indexReportLocked(origin PeerName, old, cur []PeerName, touched map[PeerName]bool) {
+	for _, n := range old {
+		if set := m.unreachBy[n]; set != nil {
+			delete(set, origin)
+			if len(set) == 0 {
+				delete(m.unreachBy, n)
+			}
+		}
+		touched[n] = true
+	}
+	for _, n := range cur {
+		if n == origin {
+			continue
+		}
+		set := m.unreachBy[n]
+		if set == nil {
+			set = map[PeerName]bool{}
+			m.unreachBy[n] = set
+		}
+		set[origin] = true
+		touched[n] = true
+	}
+}
+
+// dropReportLocked forgets origin's report and its entries in unreachBy.
+func (m *Mesh) dropReportLocked(origin PeerName) {
+	m.indexReportLocked(origin, m.reports[origin].Unreachable, nil, map[PeerName]bool{})
+	delete(m.reports, origin)
 }
 
 func joinNames(ns []PeerName) string {
@@ -325,6 +398,7 @@ func (m *Mesh) applyReports(reps []report) int {
 	}
 	news := 0
 	var left []*peerEntry
+	touched := map[PeerName]bool{}
 	for _, rep := range reps {
 		if rep.Origin == m.cfg.Name {
 			continue
@@ -340,6 +414,14 @@ func (m *Mesh) applyReports(reps []report) int {
 		if !ok && len(m.reports) >= maxReports {
 			continue
 		}
+		switch {
+		case !slices.Equal(old.Unreachable, rep.Unreachable):
+			m.indexReportLocked(rep.Origin, old.Unreachable, rep.Unreachable, touched)
+		case old.Leaving != rep.Leaving: // the same peers, now counted or no longer
+			for _, n := range rep.Unreachable {
+				touched[n] = true
+			}
+		}
 		m.reports[rep.Origin] = rep
 		news++
 		if p != nil && !p.Self {
@@ -349,15 +431,16 @@ func (m *Mesh) applyReports(reps []report) int {
 				p.base = StateLeft
 				p.Since = m.now()
 				left = append(left, p)
+				touched[p.Name] = true
 			}
 		}
 	}
 	if news == 0 {
 		return 0
 	}
-	m.refreshLocked("")
+	m.refreshLocked("", slices.Collect(maps.Keys(touched))...)
 	for _, p := range left {
-		m.emitLocked(EventLeft, p.Peer, "")
+		m.emitLocked(EventLeft, m.peerLocked(p), "")
 	}
 	return news
 }
@@ -410,12 +493,12 @@ func (m *Mesh) reap() {
 		if p.base != StateAlive && !p.Self && p.Since.Before(cutoff) {
 			m.log.Info(fmt.Sprintf("forgetting peer %s: %s since %s", p.label(), p.State, p.Since.Format(time.RFC3339)), "peer", name)
 			delete(m.peers, name)
-			delete(m.reports, name)
+			m.dropReportLocked(name)
 			changed = true
 		}
 	}
 	if changed {
-		m.refreshLocked("")
+		m.refreshAllLocked()
 	}
 }
 
@@ -425,7 +508,7 @@ func (m *Mesh) Peers() []Peer {
 	defer m.mu.Unlock()
 	out := make([]Peer, 0, len(m.peers))
 	for _, p := range m.peers {
-		out = append(out, p.Peer)
+		out = append(out, m.peerLocked(p))
 	}
 	slices.SortFunc(out, func(a, b Peer) int { return cmp.Compare(a.Name, b.Name) })
 	return out
@@ -437,7 +520,7 @@ func (m *Mesh) Peer(name PeerName) (Peer, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if p, ok := m.peers[name]; ok {
-		return p.Peer, true
+		return m.peerLocked(p), true
 	}
 	return Peer{}, false
 }
@@ -494,8 +577,8 @@ func (m *Mesh) Forget(name PeerName) error {
 	}
 	m.log.Info(fmt.Sprintf("forgetting peer %s: %s since %s, and gone for good", p.label(), p.State, p.Since.Format(time.RFC3339)), "peer", name)
 	delete(m.peers, name)
-	delete(m.reports, name)
-	m.refreshLocked("")
+	m.dropReportLocked(name)
+	m.refreshAllLocked()
 	return nil
 }
 
