@@ -96,11 +96,13 @@ bench: deps build
 	$(GO) run ./e2e/cmd/cnibench -n 100
 	$(GO) run ./e2e/cmd/cnibench -n 200 -c 20
 	$(GO) run ./mesh/cmd/meshbench -n 10,50,100 -loss 0,0.1 -runs 5 -idle 30s
-	$(GO) run ./e2e/cmd/scalebench -init seed -n 10,100,300 -idle 20s -timeout 120s
+	$(GO) run ./e2e/cmd/scalebench -init seed -n 10,100 -idle 20s -timeout 120s
+	$(GO) run ./e2e/cmd/scalebench -init seed -n 10,100 -idle 20s -timeout 120s -compress=false
+	$(GO) run ./e2e/cmd/scalebench -init consensus -pods -n 200,300 -idle 10s -timeout 240s -timescale 3 -compress=false -meshgate=false
 	$(GO) run ./e2e/cmd/scalebench -init consensus -n 10,100 -idle 20s -timeout 120s
 	$(GO) run ./e2e/cmd/scalebench -init seed -pods -n 64,100 -idle 20s -timeout 120s
 	$(GO) test -run '^$$' -bench Ring ./internal/scale/
-	$(GO) test -run '^$$' -bench MergeReports -benchtime 20x ./mesh/
+	$(GO) test -run '^$$' -bench 'MergeReports|PeerEvent' ./mesh/
 	$(GO) run ./tunnel/cmd/tunnelbench
 	$(GO) test -run '^$$' -bench 'VXLANPeers|SealedPeers|TableOwner' -benchtime 100x ./tunnel/
 	$(GO) run ./e2e/cmd/podbench
