@@ -82,7 +82,8 @@ type Mesh struct {
 	// alive), so that a change derives the states of the peers it
 	// concerns, not of every peer (refreshLocked).
 	unreachBy map[PeerName]map[PeerName]bool
-	alive     int // peers alive in the view, this one included
+	alive     int                // peers alive in the view (base), this one included
+	counts    [StateLeft + 1]int // peers by State, for the gauges
 	ownReport report
 	subs      map[*subscriber]struct{}
 	targets   []*target

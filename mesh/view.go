@@ -112,8 +112,9 @@ type Event struct {
 // report arrived since it last joined.
 type peerEntry struct {
 	Peer
-	base PeerState // alive, unreachable or left, from memberlist's events
-	bye  bool
+	base    PeerState // alive, unreachable or left, from memberlist's events
+	bye     bool
+	counted bool // in Mesh.counts (under its State)
 }
 
 type subscriber struct {
@@ -210,6 +211,7 @@ func (m *Mesh) onAlive(name PeerName, addr netip.AddrPort, rawMeta []byte) {
 	if wasAlive {
 		m.refreshLocked(name, name) // its metadata or address: nothing else derives from it
 	} else {
+		m.alive++
 		m.refreshLocked(name, m.concerning(name)...)
 	}
 	if p.Self {
@@ -240,6 +242,7 @@ func (m *Mesh) onDead(name PeerName) {
 		kind, p.base = EventLeft, StateLeft
 	}
 	p.Since = m.now()
+	m.alive--
 	m.refreshLocked(name, m.concerning(name)...)
 	m.emitLocked(kind, m.peerLocked(p), "")
 	m.kickTopology()
@@ -256,30 +259,34 @@ func (m *Mesh) onDead(name PeerName) {
 // two thirds of the nodes of such a cluster in one process were found in
 // it at once. refreshAllLocked derives every peer (reap, Forget).
 func (m *Mesh) refreshLocked(quiet PeerName, names ...PeerName) {
-	var counts [StateLeft + 1]int
-	alive := 0
-	for _, p := range m.peers {
-		if p.base == StateAlive {
-			alive++
-		}
-	}
-	m.alive = alive
 	for _, name := range names {
-		if p := m.peers[name]; p != nil {
-			m.deriveLocked(p, quiet)
+		p := m.peers[name]
+		if p == nil {
+			continue
 		}
+		if p.counted {
+			m.counts[p.State]--
+		}
+		m.deriveLocked(p, quiet)
+		m.counts[p.State]++
+		p.counted = true
 	}
-	for _, p := range m.peers {
-		counts[p.State]++
-	}
-	m.numAlive.Store(int64(max(alive, 1)))
+	m.numAlive.Store(int64(max(m.alive, 1)))
 	for _, s := range []PeerState{StateAlive, StateSuspect, StateUnreachable, StateLeft} {
-		m.metrics.peers.WithLabelValues(s.String()).Set(float64(counts[s]))
+		m.metrics.peers.WithLabelValues(s.String()).Set(float64(m.counts[s]))
 	}
 }
 
-// refreshAllLocked derives every peer's State (see refreshLocked).
+// refreshAllLocked counts the live peers again and derives every peer's
+// State (see refreshLocked): after peers were dropped from the view.
 func (m *Mesh) refreshAllLocked() {
+	m.alive, m.counts = 0, [StateLeft + 1]int{}
+	for _, p := range m.peers {
+		p.counted = false
+		if p.base == StateAlive {
+			m.alive++
+		}
+	}
 	m.refreshLocked("", slices.Collect(maps.Keys(m.peers))...)
 }
 

@@ -11,8 +11,9 @@ import (
 // TestViewDerivedIncrementally: after every one of thousands of random
 // changes (peers alive, dead, forgotten; reports naming peers unreachable,
 // leaving, with duplicates, naming unknown peers and their own origin),
-// every peer's state, UnreachableFrom and ReachableFrom are what deriving
-// every peer from scratch gives. The view derives only the peers a change
+// every peer's state, UnreachableFrom and ReachableFrom, and the counts of
+// peers by state and alive, are what deriving every peer from scratch
+// gives. The view derives only the peers a change
 // concerns (refreshLocked); a caller that forgets to name one leaves it
 // stale, and this fails.
 func TestViewDerivedIncrementally(t *testing.T) {
@@ -108,7 +109,15 @@ func viewMatchesScratch(m *Mesh) error {
 		}
 		wants[p.Name] = want{state, unreachable, max(reach, 0)}
 	}
+	var counts [StateLeft + 1]int
+	for _, p := range m.peers {
+		counts[wants[p.Name].state]++
+	}
+	gotCounts, gotAlive := m.counts, m.alive
 	m.mu.Unlock()
+	if gotCounts != counts || gotAlive != alive {
+		return fmt.Errorf("peers by state %v and %d alive; from scratch %v and %d", gotCounts, gotAlive, counts, alive)
+	}
 	for _, got := range m.Peers() {
 		w := wants[got.Name]
 		if got.State != w.state || !slices.Equal(got.UnreachableFrom, w.unreachable) || got.ReachableFrom != w.reach {
