@@ -19,15 +19,7 @@ func BenchmarkMergeReports1000(b *testing.B) { mergeReports(b, 1000) }
 // mergeReports is one size of BenchmarkMergeReports (not sub-benchmarks:
 // the cluster helper's goroutine check would count b.Run's own goroutine).
 func mergeReports(b *testing.B, n int) {
-	c := newCluster(b)
-	p := c.start(1, Config{})
-	defer closeAll(b, p)
-	m := p.m
-	names := make([]PeerName, n)
-	for i := range n {
-		names[i] = PeerName(fmt.Sprintf("peer%04d", i))
-		m.onAlive(names[i], netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), 6783), nil)
-	}
+	m, names, _ := knowing(b, n)
 	reps := make([]report, n)
 	version := uint64(0)
 	b.ResetTimer()
@@ -53,17 +45,7 @@ func BenchmarkPeerEvent100(b *testing.B)  { peerEvent(b, 100) }
 func BenchmarkPeerEvent1000(b *testing.B) { peerEvent(b, 1000) }
 
 func peerEvent(b *testing.B, n int) {
-	c := newCluster(b)
-	p := c.start(1, Config{})
-	defer closeAll(b, p)
-	m := p.m
-	names := make([]PeerName, n)
-	addrs := make([]netip.AddrPort, n)
-	for i := range n {
-		names[i] = PeerName(fmt.Sprintf("peer%04d", i))
-		addrs[i] = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), 6783)
-		m.onAlive(names[i], addrs[i], nil)
-	}
+	m, names, addrs := knowing(b, n)
 	reps := make([]report, n)
 	for i := range reps {
 		reps[i] = report{Origin: names[i], Version: 1, Unreachable: []PeerName{names[(i+1)%n]}}
@@ -76,4 +58,20 @@ func peerEvent(b *testing.B, n int) {
 		m.onDead(names[i])
 		m.onAlive(names[i], addrs[i], nil)
 	}
+}
+
+// knowing starts a mesh whose view has n more peers alive (memberlist's
+// join event for each, not a real peer), closed when b ends.
+func knowing(b *testing.B, n int) (*Mesh, []PeerName, []netip.AddrPort) {
+	c := newCluster(b)
+	p := c.start(1, Config{})
+	b.Cleanup(func() { closeAll(b, p) })
+	names := make([]PeerName, n)
+	addrs := make([]netip.AddrPort, n)
+	for i := range n {
+		names[i] = PeerName(fmt.Sprintf("peer%04d", i))
+		addrs[i] = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), 6783)
+		p.m.onAlive(names[i], addrs[i], nil)
+	}
+	return p.m, names, addrs
 }

@@ -188,7 +188,6 @@ func (m *Mesh) onAlive(name PeerName, addr netip.AddrPort, rawMeta []byte) {
 		p.Since = now
 	}
 	oldMetaErr, oldRefused := p.MetaError, p.Meta.Refused
-	wasAlive := p.base == StateAlive && kind != EventJoined
 	p.Addr, p.base, p.bye = addr, StateAlive, false
 	p.Meta, p.MetaError = md, ""
 	if metaErr != nil {
@@ -208,8 +207,8 @@ func (m *Mesh) onAlive(name PeerName, addr netip.AddrPort, rawMeta []byte) {
 		m.log.Warn(fmt.Sprintf("peer %s: its %q metadata is refused (%s); its other metadata is used, and this component treats the peer as not publishing any", p.label(), c, why),
 			"peer", name, "component", c)
 	}
-	if wasAlive {
-		m.refreshLocked(name, name) // its metadata or address: nothing else derives from it
+	if kind == EventUpdated { // alive already: its metadata or address, which nothing else derives from
+		m.refreshLocked(name, name)
 	} else {
 		m.alive++
 		m.refreshLocked(name, m.concerning(name)...)
